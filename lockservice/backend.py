@@ -1,0 +1,63 @@
+"""The interface both lock backends (Redlock over Redis, in-process memory) provide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from lockservice.lease import LockInfo
+from lockservice.waiters import Waiters
+
+__all__ = ["Attempt", "Backend", "drift"]
+
+
+def drift(ttl: float) -> float:
+    """Clock drift allowance subtracted from every validity window."""
+    return ttl * 0.01 + 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try at a lock: granted (``token > 0``) or not (``retry_after`` seconds hint)."""
+
+    token: int
+    valid_until: float
+    retry_after: float
+
+
+class Backend(Protocol):
+    """What ``LockManager`` needs from a backend; every method validates nothing."""
+
+    waiters: Waiters
+
+    def describe(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def try_acquire(self, name: str, lease_id: str, ttl: float) -> Attempt:
+        """One attempt; raises ``QuorumUnavailable`` when a majority cannot answer."""
+        ...
+
+    def abandon(self, name: str, lease_id: str) -> None:
+        """Undo any partial grant of ``lease_id``; runs synchronously, safe under cancellation."""
+        ...
+
+    async def extend(self, name: str, lease_id: str, ttl: float) -> float:
+        """Return the new ``valid_until``; raise ``LeaseLost`` or ``QuorumUnavailable``."""
+        ...
+
+    async def release(self, name: str, lease_id: str) -> bool:
+        """True when released, False when the lease no longer held the lock."""
+        ...
+
+    async def inspect(self, name: str) -> LockInfo: ...
+
+    async def issued(self, name: str) -> int:
+        """An upper bound of every token ever issued for ``name``."""
+        ...
+
+    async def ready(self) -> bool:
+        """True when a quorum answers (readiness)."""
+        ...

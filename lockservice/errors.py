@@ -1,0 +1,51 @@
+"""Errors of the lock service, one class per condition, each with its API code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["LeaseLost", "LockHeld", "LockServiceError", "QuorumUnavailable"]
+
+
+class LockServiceError(Exception):
+    """Base class for every lockservice error."""
+
+    code = "lock_error"
+
+
+class LockHeld(LockServiceError):
+    """Another lease holds the lock and ``wait`` ran out."""
+
+    code = "lock_held"
+
+    def __init__(self, name: str, retry_after: float) -> None:
+        super().__init__(f"lock {name!r} is held by another lease; retry in {retry_after:.3f} s")
+        self.name = name
+        self.retry_after = retry_after
+
+
+class LeaseLost(LockServiceError):
+    """The lease expired or another lease now holds the lock."""
+
+    code = "lease_lost"
+
+    def __init__(self, name: str, reason: str = "") -> None:
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"lease on {name!r} is no longer held{detail}")
+        self.name = name
+
+
+class QuorumUnavailable(LockServiceError):
+    """Fewer than a majority of the Redis nodes answered in time."""
+
+    code = "quorum_unavailable"
+
+    def __init__(self, name: str, node_errors: Mapping[str, str], needed: int) -> None:
+        summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items()) or "no node"
+        super().__init__(
+            f"no quorum for {name!r}: {needed} of {len(node_errors) or needed} nodes "
+            f"needed, failures: {summary}"
+        )
+        self.name = name
+        self.node_errors = dict(node_errors)
+        self.needed = needed

@@ -1,0 +1,65 @@
+"""Hooks through which the lock service reports what happens (metrics live elsewhere).
+
+``gateway/metrics.py`` implements ``LockEvents``; the lock service itself
+never imports prometheus. Every method must be cheap and must not raise.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ["LockEvents", "NoEvents"]
+
+
+class LockEvents(Protocol):
+    def acquire_done(self, result: str, wait_seconds: float) -> None:
+        """An acquire ended: result is granted, held, quorum_unavailable or cancelled."""
+
+    def waiting(self, delta: int) -> None:
+        """A task started (+1) or stopped (-1) waiting for a held lock."""
+
+    def released(self, hold_seconds: float, result: str) -> None:
+        """A release ended: result is released or lost."""
+
+    def renewed(self, result: str) -> None:
+        """An extend ended: result is ok, lost or error."""
+
+    def lease_lost(self, reason: str) -> None:
+        """A holder learned its lease is gone: expired, taken, or renew_failed."""
+
+    def node_call(self, node: str, seconds: float, ok: bool) -> None:
+        """One command to one node answered (ok) or failed (error reply, timeout, down)."""
+
+    def quorum_failed(self, operation: str) -> None:
+        """Fewer than a majority answered for an acquire, extend, release or inspect."""
+
+    def node_state(self, node: str, state: str) -> None:
+        """A node became healthy, unsynced, quarantined or down."""
+
+
+class NoEvents:
+    """The default: report nothing."""
+
+    def acquire_done(self, result: str, wait_seconds: float) -> None:
+        pass
+
+    def waiting(self, delta: int) -> None:
+        pass
+
+    def released(self, hold_seconds: float, result: str) -> None:
+        pass
+
+    def renewed(self, result: str) -> None:
+        pass
+
+    def lease_lost(self, reason: str) -> None:
+        pass
+
+    def node_call(self, node: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def quorum_failed(self, operation: str) -> None:
+        pass
+
+    def node_state(self, node: str, state: str) -> None:
+        pass

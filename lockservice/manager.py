@@ -1,0 +1,291 @@
+"""``LockManager``: acquire, extend, release and ``lock()`` over a backend.
+
+Waiting is push-driven: a task registers for wake-ups of its name *before*
+each try, then sleeps until a release of that name is published, the holder's
+remaining TTL runs out, or a jittered back-off timer fires (the fallback when
+a notification is lost). Within one process, tasks contend for a name one at
+a time in arrival order (a per-name FIFO turn), so fifty local waiters cost
+Redis one contender, and a task that releases and re-acquires at once queues
+behind those already waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from lockservice.backend import Backend
+from lockservice.errors import LeaseLost, LockHeld, QuorumUnavailable
+from lockservice.events import LockEvents, NoEvents
+from lockservice.lease import Lease, LockInfo, validate_name, validate_ttl
+from lockservice.memory import MemoryBackend
+from lockservice.redlock import Redlock
+from lockservice.renew import Renewal
+
+__all__ = ["LockManager"]
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_FIRST = 0.05
+_BACKOFF_MAX = 1.0
+
+
+class _Turn:
+    """A FIFO turn per name: one local task at a time contends in the backend."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class LockManager:
+    """Distributed locks with fencing tokens.
+
+    Build one with ``await LockManager.connect(urls)``; with no URL the
+    in-process backend serves a single process only.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        min_ttl: float = 0.01,
+        max_ttl: float = 300.0,
+        max_wait: float = 30.0,
+        events: LockEvents | None = None,
+    ) -> None:
+        self._backend = backend
+        self.min_ttl = min_ttl
+        self.max_ttl = max_ttl
+        self.max_wait = max_wait
+        self.events: LockEvents = events or NoEvents()
+        self._turns: dict[str, _Turn] = {}
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        urls: Sequence[str],
+        *,
+        node_timeout: float = 0.2,
+        min_ttl: float = 0.01,
+        max_ttl: float = 300.0,
+        max_wait: float = 30.0,
+        events: LockEvents | None = None,
+    ) -> LockManager:
+        """Connect to 1, 3 or 5 independent Redis nodes (none: in-process backend).
+
+        Args:
+            urls: ``redis://[user:password@]host:port/db``, ``rediss://`` or ``unix://``.
+            node_timeout: seconds each node has to answer one command.
+            min_ttl, max_ttl: bounds of a lease's TTL in seconds; ``max_ttl`` is
+                also how long a restarted node stays quarantined.
+            max_wait: the longest ``wait`` an acquire may ask for.
+        Raises:
+            ValueError: a bad URL, or a node count other than 1, 3 or 5.
+        """
+        events = events or NoEvents()
+        backend: Backend
+        if urls:
+            backend = Redlock(urls, node_timeout=node_timeout, max_ttl=max_ttl, events=events)
+        else:
+            backend = MemoryBackend()
+            log.warning(
+                "no redis nodes configured: locks are held in this process only; "
+                "run exactly one gateway process, or configure [locks] redis"
+            )
+        await backend.start()
+        log.info("lock backend: %s", backend.describe())
+        return cls(backend, min_ttl=min_ttl, max_ttl=max_ttl, max_wait=max_wait, events=events)
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def describe(self) -> str:
+        return self._backend.describe()
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._backend.close()
+
+    # acquire
+    async def acquire(self, name: str, ttl: float = 10.0, wait: float = 0.0) -> Lease:
+        """Take the lock ``name`` for ``ttl`` seconds, waiting up to ``wait`` seconds.
+
+        Returns:
+            A ``Lease`` whose token exceeds that of every earlier grant of ``name``.
+        Raises:
+            LockHeld: another lease still held it when ``wait`` ran out.
+            QuorumUnavailable: a majority of nodes could not answer.
+            ValueError: a bad name, ttl or wait.
+        """
+        validate_name(name)
+        ttl = validate_ttl(ttl, self.min_ttl, self.max_ttl)
+        wait = validate_ttl(wait, 0.0, self.max_wait, "wait")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + wait
+        lease_id = secrets.token_hex(16)
+        result = "cancelled"
+        turn = self._turns.get(name)
+        if turn is None:
+            turn = self._turns[name] = _Turn()
+        turn.users += 1
+        try:
+            async with asyncio.timeout_at(deadline if wait else None):
+                await turn.lock.acquire()
+        except TimeoutError:
+            self._leave(name, turn)
+            self.events.acquire_done("held", loop.time() - start)
+            raise LockHeld(name, retry_after=0.0) from None
+        except BaseException:
+            self._leave(name, turn)
+            raise
+        try:
+            lease = await self._contend(name, lease_id, ttl, deadline)
+            result = "granted"
+            return lease
+        except LockHeld:
+            result = "held"
+            raise
+        except QuorumUnavailable:
+            result = "quorum_unavailable"
+            self.events.quorum_failed("acquire")
+            raise
+        finally:
+            turn.lock.release()
+            self._leave(name, turn)
+            self.events.acquire_done(result, loop.time() - start)
+
+    def _leave(self, name: str, turn: _Turn) -> None:
+        turn.users -= 1
+        if turn.users == 0 and self._turns.get(name) is turn:
+            del self._turns[name]
+
+    async def _contend(self, name: str, lease_id: str, ttl: float, deadline: float) -> Lease:
+        loop = asyncio.get_running_loop()
+        backend = self._backend
+        backoff = _BACKOFF_FIRST
+        waiting = False
+        try:
+            while True:
+                woken = backend.waiters.register(name)  # before the try: no missed release
+                try:
+                    try:
+                        attempt = await backend.try_acquire(name, lease_id, ttl)
+                    except BaseException:
+                        backend.abandon(name, lease_id)  # even when cancelled mid-flight
+                        raise
+                    if attempt.token:
+                        return Lease(name, attempt.token, lease_id, attempt.valid_until)
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise LockHeld(name, retry_after=max(attempt.retry_after, 0.001))
+                    if not waiting:
+                        waiting = True
+                        self.events.waiting(+1)
+                    sleep = min(remaining, backoff * (0.5 + random.random()))
+                    if attempt.retry_after > 0:
+                        sleep = min(sleep, attempt.retry_after + 0.001)
+                    backoff = min(backoff * 2, _BACKOFF_MAX)
+                    await asyncio.wait((woken,), timeout=sleep)
+                finally:
+                    backend.waiters.unregister(name, woken)
+        finally:
+            if waiting:
+                self.events.waiting(-1)
+
+    # extend, release
+    async def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:
+        """Push the lease's expiry to ``ttl`` seconds from now.
+
+        Raises:
+            LeaseLost: the lease expired or another lease holds the lock; an
+                expired lock is never silently re-acquired.
+            QuorumUnavailable: a majority of nodes could not answer (the lease
+                is still valid until its old ``valid_until``).
+        """
+        ttl = validate_ttl(ttl, self.min_ttl, self.max_ttl)
+        if lease.expired:
+            self.events.renewed("lost")
+            raise LeaseLost(lease.name, "it expired before the extend")
+        try:
+            valid_until = await self._backend.extend(lease.name, lease.lease_id, ttl)
+        except LeaseLost:
+            self.events.renewed("lost")
+            raise
+        except QuorumUnavailable:
+            self.events.renewed("error")
+            self.events.quorum_failed("extend")
+            raise
+        self.events.renewed("ok")
+        return Lease(lease.name, lease.token, lease.lease_id, valid_until)
+
+    async def release(self, lease: Lease) -> None:
+        """Release the lease; the release goes out even if this call is cancelled.
+
+        Raises:
+            LeaseLost: the lease had expired (or another lease holds the lock).
+        """
+        expired = lease.expired
+        released = await self._backend.release(lease.name, lease.lease_id)
+        if released:
+            self._backend.waiters.wake(lease.name)
+        if expired or not released:
+            self.events.released(0.0, "lost")
+            raise LeaseLost(lease.name, "it had expired")
+        self.events.released(0.0, "released")
+
+    # reading
+    async def inspect(self, name: str) -> LockInfo:
+        """Whether ``name`` is held, by which token, for how long (never the lease_id)."""
+        return await self._backend.inspect(validate_name(name))
+
+    async def issued(self, name: str) -> int:
+        """An upper bound of every token issued for ``name`` (forged-token guard)."""
+        return await self._backend.issued(validate_name(name))
+
+    async def ready(self) -> bool:
+        return await self._backend.ready()
+
+    @asynccontextmanager
+    async def lock(
+        self, name: str, ttl: float = 10.0, wait: float = 0.0, *, auto_renew: bool = False
+    ) -> AsyncIterator[Lease]:
+        """Hold ``name`` for the body; with ``auto_renew`` a watchdog extends it every ttl/3.
+
+        If the watchdog learns the lease is lost, the body is cancelled and
+        ``LeaseLost`` is raised from the ``async with``: the holder always
+        learns it no longer holds the lock.
+        """
+        lease = await self.acquire(name, ttl=ttl, wait=wait)
+        renewal = Renewal(self, lease, ttl) if auto_renew else None
+        try:
+            if renewal is None:
+                yield lease
+            else:
+                async with renewal:
+                    yield lease
+        except LeaseLost:
+            raise  # the watchdog saw it go: nothing left to release
+        except BaseException:
+            current = renewal.lease if renewal is not None else lease
+            await asyncio.shield(self._release_quietly(current))
+            raise
+        current = renewal.lease if renewal is not None else lease
+        await asyncio.shield(self.release(current))
+
+    async def _release_quietly(self, lease: Lease) -> None:
+        try:
+            await self.release(lease)
+        except LeaseLost:
+            log.warning("lease on %r had expired before its release", lease.name)
+        except QuorumUnavailable as exc:
+            log.warning("release of %r incomplete (it will expire): %s", lease.name, exc)

@@ -1,0 +1,94 @@
+"""The embedded in-process backend: the zero-config default for one gateway.
+
+It keeps locks in a dict of this process, so it is only correct while a single
+process serves every client; ``LockManager.connect([])`` logs that loudly.
+Tokens come from one counter shared by every name, started from the wall
+clock (milliseconds x 1000), so a restarted gateway still issues tokens above
+the ones it issued before it stopped: storage keeps refusing old holders
+instead of refusing everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from lockservice.backend import Attempt
+from lockservice.errors import LeaseLost
+from lockservice.lease import LockInfo
+from lockservice.waiters import Waiters
+
+__all__ = ["MemoryBackend", "wall_clock_base"]
+
+
+def wall_clock_base() -> int:
+    """A token base above every token issued before now, at < 1000 grants/ms."""
+    return time.time_ns() // 1_000_000 * 1000
+
+
+class MemoryBackend:
+    """Locks held in this process only."""
+
+    def __init__(self) -> None:
+        self.waiters = Waiters()
+        self._locks: dict[str, tuple[str, int, float]] = {}  # name -> lease_id, token, expiry
+        self._counter = wall_clock_base()
+
+    def describe(self) -> str:
+        return "in-process memory backend (one gateway process only)"
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self._locks.clear()
+
+    def _holder(self, name: str) -> tuple[str, int, float] | None:
+        held = self._locks.get(name)
+        if held is not None and held[2] <= asyncio.get_running_loop().time():
+            del self._locks[name]
+            return None
+        return held
+
+    async def try_acquire(self, name: str, lease_id: str, ttl: float) -> Attempt:
+        now = asyncio.get_running_loop().time()
+        held = self._holder(name)
+        if held is not None and held[0] != lease_id:
+            return Attempt(0, 0.0, held[2] - now)
+        self._counter += 1
+        self._locks[name] = (lease_id, self._counter, now + ttl)
+        return Attempt(self._counter, now + ttl, 0.0)
+
+    def abandon(self, name: str, lease_id: str) -> None:
+        held = self._locks.get(name)
+        if held is not None and held[0] == lease_id:
+            del self._locks[name]
+            self.waiters.wake(name)
+
+    async def extend(self, name: str, lease_id: str, ttl: float) -> float:
+        held = self._holder(name)
+        if held is None or held[0] != lease_id:
+            raise LeaseLost(name, "it expired or another lease holds it")
+        valid_until = asyncio.get_running_loop().time() + ttl
+        self._locks[name] = (lease_id, held[1], valid_until)
+        return valid_until
+
+    async def release(self, name: str, lease_id: str) -> bool:
+        held = self._holder(name)
+        if held is None or held[0] != lease_id:
+            return False
+        del self._locks[name]
+        self.waiters.wake(name)
+        return True
+
+    async def inspect(self, name: str) -> LockInfo:
+        held = self._holder(name)
+        if held is None:
+            return LockInfo(name, False, self._counter, 0.0)
+        return LockInfo(name, True, held[1], held[2] - asyncio.get_running_loop().time())
+
+    async def issued(self, name: str) -> int:
+        return self._counter
+
+    async def ready(self) -> bool:
+        return True

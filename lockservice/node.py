@@ -1,0 +1,265 @@
+"""One Redis node: its connections, scripts, restart detection and health.
+
+A node keeps two connections: one for commands (auto-pipelined, see
+``resp.py``) and one subscribed to the release channel. A background task
+reconnects either when it drops, and aborts the command connection when a
+reply is overdue (a paused or wedged server), so that calls fail at once
+instead of piling up behind it. While a node is down, ``call`` answers a
+``ConnectionError`` immediately: a node failure is a value counted against
+quorum, never a wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from lockservice import scripts
+from lockservice.resp import Connection, Reply, ReplyError, is_failure, open_connection
+
+__all__ = ["Node", "NodeAddress", "parse_node_url"]
+
+log = logging.getLogger(__name__)
+
+_ALL_SCRIPTS = (
+    scripts.ACQUIRE,
+    scripts.RELEASE,
+    scripts.EXTEND,
+    scripts.RAISE_FENCE,
+    scripts.INSPECT,
+    scripts.RESYNC,
+    scripts.MARK_SYNCED,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """Where a node is and how to log in; ``label`` never contains a secret."""
+
+    label: str
+    host: str | None
+    port: int
+    path: str | None
+    tls: bool
+    username: str | None
+    password: str | None
+    db: int
+
+
+def parse_node_url(url: str) -> NodeAddress:
+    """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://`` or ``unix:///path``."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"redis url {_redact(url)!r}: scheme must be redis, rediss or unix")
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"redis url {_redact(url)!r}: unix url needs a socket path")
+        db = _int(query.get("db", ["0"])[0], url)
+        return NodeAddress(parts.path, None, 0, parts.path, False, username, password, db)
+    if not parts.hostname:
+        raise ValueError(f"redis url {_redact(url)!r}: missing host")
+    try:
+        port = parts.port or 6379
+    except ValueError as exc:
+        raise ValueError(f"redis url {_redact(url)!r}: bad port") from exc
+    db_text = parts.path.lstrip("/") or query.get("db", ["0"])[0]
+    host = parts.hostname
+    label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return NodeAddress(
+        label, host, port, None, parts.scheme == "rediss", username, password, _int(db_text, url)
+    )
+
+
+def _int(text: str, url: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise ValueError(f"redis url {_redact(url)!r}: database {text!r} is not a number") from exc
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()
+
+
+class Node:
+    """A Redis server taking part in quorums."""
+
+    def __init__(
+        self,
+        address: NodeAddress,
+        *,
+        timeout: float,
+        channel: str,
+        on_release: Callable[[str], None],
+        on_connected: Callable[[Node, bool], Awaitable[None]],
+    ) -> None:
+        self.address = address
+        self.label = address.label
+        self.timeout = timeout
+        self.run_id: str | None = None
+        self._channel = channel
+        self._on_release = on_release
+        self._on_connected = on_connected
+        self._conn: Connection | None = None
+        self._sub: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._stall_after = max(1.0, 5 * timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    async def start(self) -> None:
+        """Connect once (a node that is down is not an error) and start upkeep."""
+        await self._connect_commands()
+        await self._connect_subscriber()
+        self._task = asyncio.create_task(self._upkeep(), name=f"fencegate-node-{self.label}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for conn in (self._conn, self._sub):
+            if conn is not None:
+                conn.abort()
+
+    # commands
+    def command(self, *args: bytes | str | int) -> asyncio.Future[Reply]:
+        conn = self._conn
+        if conn is None or conn.closed:
+            fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+            fut.set_result(ConnectionError(f"node {self.label} is not connected"))
+            self._changed.set()
+            return fut
+        return conn.send(*args)
+
+    def call(
+        self, script: scripts.Script, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]
+    ) -> asyncio.Future[Reply]:
+        """EVALSHA ``script``; on NOSCRIPT, EVAL its source (which caches it again)."""
+        first = self.command(b"EVALSHA", script.sha, len(keys), *keys, *args)
+        out: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+        def done(fut: asyncio.Future[Reply]) -> None:
+            reply = fut.result()
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                again = self.command(b"EVAL", script.source, len(keys), *keys, *args)
+                again.add_done_callback(functools.partial(_forward, out))
+            elif not out.done():
+                out.set_result(reply)
+
+        first.add_done_callback(done)
+        return out
+
+    # connections
+    async def _open(self, on_push: Callable[[Reply], None] | None = None) -> Connection:
+        a = self.address
+        return await open_connection(
+            a.host,
+            a.port,
+            path=a.path,
+            ssl_context=ssl.create_default_context() if a.tls else None,
+            username=a.username,
+            password=a.password,
+            db=a.db,
+            connect_timeout=max(self.timeout * 4, 0.5),
+            on_push=on_push,
+        )
+
+    async def _connect_commands(self) -> bool:
+        try:
+            conn = await self._open()
+            async with asyncio.timeout(max(self.timeout * 4, 0.5)):
+                info = await conn.send("INFO", "server")
+        except (ConnectionError, TimeoutError) as exc:
+            log.debug("node %s: %s", self.label, exc)
+            return False
+        if is_failure(info):
+            conn.abort()
+            return False
+        run_id = _info_field(info, "run_id")
+        restarted = self.run_id is not None and run_id != self.run_id
+        if restarted:
+            log.warning("redis node %s restarted (run_id changed): resyncing it", self.label)
+        self.run_id = run_id
+        for script in _ALL_SCRIPTS:
+            conn.send("SCRIPT", "LOAD", script.source)
+        self._conn = conn
+        await self._on_connected(self, restarted)
+        return True
+
+    async def _connect_subscriber(self) -> bool:
+        try:
+            sub = await self._open(on_push=self._push)
+        except ConnectionError:
+            return False
+        sub.send_untracked("SUBSCRIBE", self._channel)
+        self._sub = sub
+        return True
+
+    def _push(self, reply: Reply) -> None:
+        if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
+            self._on_release(reply[2].decode())
+
+    async def _upkeep(self) -> None:
+        """Reconnect what dropped, abort a connection whose replies are overdue."""
+        backoff = 0.05
+        loop = asyncio.get_running_loop()
+        while True:
+            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._changed.wait())]
+            for conn in (self._conn, self._sub):
+                if conn is not None and not conn.closed:
+                    waits.append(conn.lost)  # type: ignore[arg-type]
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(self._stall_after / 4, 0.5)):
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            waits[0].cancel()
+            self._changed.clear()
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                oldest = conn.oldest_pending()
+                if oldest is not None and loop.time() - oldest > self._stall_after:
+                    log.warning("node %s: no reply for %.1f s, reconnecting", self.label,
+                                loop.time() - oldest)  # fmt: skip
+                    conn.abort()
+            ok = True
+            if not self.connected:
+                ok = await self._connect_commands()
+            if self._sub is None or self._sub.closed:
+                ok = await self._connect_subscriber() and ok
+            if ok:
+                backoff = 0.05
+            else:
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 1.0)
+
+
+def _forward(out: asyncio.Future[Reply], fut: asyncio.Future[Reply]) -> None:
+    if not out.done():
+        out.set_result(fut.result())
+
+
+def _info_field(info: Reply, field: str) -> str | None:
+    if not isinstance(info, bytes):
+        return None
+    prefix = field.encode() + b":"
+    for line in info.splitlines():
+        if line.startswith(prefix):
+            return line[len(prefix) :].decode()
+    return None

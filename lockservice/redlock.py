@@ -1,0 +1,300 @@
+"""Redlock over N independent Redis nodes, with quorum-monotonic fencing tokens.
+
+Round 1 sends the acquire script to every node at once; each granting node
+INCRs ``fence:{name}`` in the same script. With a quorum Q = N//2 + 1 of
+grants inside the validity window the token is the maximum of the returned
+counters. Any earlier grant's token sits in the counters of Q nodes, and any
+two quorums share a node, so that maximum exceeds every earlier token. If the
+granting nodes disagree, round 2 raises the counter on every node to the
+token (Q acks), so the next grant starts above it wherever it lands; in steady
+state they agree and an acquire is one round trip.
+
+A round returns as soon as its outcome is decided (Q grants, or too many
+refusals for Q), so one slow or paused node never delays an answer; it is
+bounded by the per-node timeout only when the outcome hangs on that node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Sequence
+
+from lockservice import scripts
+from lockservice.backend import Attempt, drift
+from lockservice.errors import LeaseLost, QuorumUnavailable
+from lockservice.events import LockEvents
+from lockservice.lease import LockInfo
+from lockservice.node import Node, parse_node_url
+from lockservice.resp import Reply, is_failure
+from lockservice.resync import QUARANTINE_KEY, SYNCED_KEY, Resyncer
+from lockservice.waiters import Waiters
+
+__all__ = ["RELEASE_CHANNEL", "Redlock"]
+
+log = logging.getLogger(__name__)
+
+RELEASE_CHANNEL = "fencegate:released"
+_UNSET: Reply = object()
+
+
+def _lock_key(name: str) -> str:
+    return f"lock:{{{name}}}"
+
+
+def _fence_key(name: str) -> str:
+    return f"fence:{{{name}}}"
+
+
+def _describe(reply: Reply) -> str:
+    if reply is _UNSET:
+        return "no reply within the node timeout"
+    return str(reply) if is_failure(reply) else f"unexpected reply {reply!r}"
+
+
+class Redlock:
+    """The Redis backend of ``LockManager``."""
+
+    def __init__(
+        self, urls: Sequence[str], *, node_timeout: float, max_ttl: float, events: LockEvents
+    ) -> None:
+        if len(urls) not in (1, 3, 5):
+            raise ValueError(f"redis nodes: {len(urls)} given, use 1, 3 or 5 independent nodes")
+        addresses = [parse_node_url(url) for url in urls]
+        labels = [a.label for a in addresses]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"redis nodes: the same node is listed twice in {labels}")
+        self.waiters = Waiters()
+        self._events = events
+        self._timeout = node_timeout
+        self.nodes = [
+            Node(
+                a,
+                timeout=node_timeout,
+                channel=RELEASE_CHANNEL,
+                on_release=self.waiters.wake,
+                on_connected=self._on_connected,
+            )
+            for a in addresses
+        ]
+        self.quorum = len(self.nodes) // 2 + 1
+        self._last_errors: dict[str, str] = {}
+        self.resyncer = Resyncer(self.nodes, self.quorum, max_ttl=max_ttl, timeout=node_timeout)
+
+    def describe(self) -> str:
+        return f"Redlock over {len(self.nodes)} redis node(s), quorum {self.quorum}: " + ", ".join(
+            n.label for n in self.nodes
+        )
+
+    async def start(self) -> None:
+        await asyncio.gather(*(node.start() for node in self.nodes))
+        await self.resyncer.settle(max(self._timeout * 10, 2.0))
+
+    async def close(self) -> None:
+        await self.resyncer.close()
+        await asyncio.gather(*(node.close() for node in self.nodes))
+
+    async def _on_connected(self, node: Node, restarted: bool) -> None:
+        self._events.node_state(node.label, "connected")
+        await self.resyncer.check(node, restarted=restarted)
+
+    # rounds
+    async def _round(
+        self,
+        futures: list[asyncio.Future[Reply]],
+        decided: Callable[[list[Reply]], bool],
+    ) -> list[Reply]:
+        """Wait until ``decided(replies)`` or the node timeout; unanswered stay ``_UNSET``."""
+        loop = asyncio.get_running_loop()
+        replies: list[Reply] = [_UNSET] * len(futures)
+        finished: asyncio.Future[None] = loop.create_future()
+        start = loop.time()
+
+        def on_done(i: int, fut: asyncio.Future[Reply]) -> None:
+            reply = fut.result()
+            replies[i] = reply
+            self._events.node_call(self.nodes[i].label, loop.time() - start, not is_failure(reply))
+            if not finished.done() and decided(replies):
+                finished.set_result(None)
+
+        for i, fut in enumerate(futures):
+            fut.add_done_callback(functools.partial(on_done, i))
+        timer = loop.call_later(self._timeout, _settle, finished)
+        try:
+            await finished
+        finally:
+            timer.cancel()
+        for i, reply in enumerate(replies):
+            if reply is _UNSET:
+                self._events.node_call(self.nodes[i].label, self._timeout, False)
+        return replies
+
+    def _call_all(
+        self, script: scripts.Script, keys: Sequence[str], args: Sequence[str | int]
+    ) -> list[asyncio.Future[Reply]]:
+        return [node.call(script, keys, args) for node in self.nodes]
+
+    def _decider(self, good: Callable[[Reply], bool]) -> Callable[[list[Reply]], bool]:
+        """Decided once Q replies are good, or so many are not that Q cannot be reached."""
+        n, q = len(self.nodes), self.quorum
+
+        def decided(replies: list[Reply]) -> bool:
+            ok = bad = 0
+            for reply in replies:
+                if reply is _UNSET:
+                    continue
+                if good(reply):
+                    ok += 1
+                else:
+                    bad += 1
+            return ok >= q or bad > n - q or ok + bad == n
+
+        return decided
+
+    def _errors(self, replies: list[Reply], ok: Callable[[Reply], bool]) -> dict[str, str]:
+        return {
+            node.label: _describe(reply)
+            for node, reply in zip(self.nodes, replies, strict=True)
+            if not ok(reply)
+        }
+
+    # operations
+    async def try_acquire(self, name: str, lease_id: str, ttl: float) -> Attempt:
+        attempt = await self._attempt(name, lease_id, ttl)
+        if attempt is None and self.resyncer.pending():
+            # Nodes that restarted or are new may be in the middle of a resync: wait once.
+            await self.resyncer.settle(max(self._timeout * 10, 2.0))
+            attempt = await self._attempt(name, lease_id, ttl)
+        if attempt is None:
+            raise QuorumUnavailable(name, self._last_errors, self.quorum)
+        return attempt
+
+    async def _attempt(self, name: str, lease_id: str, ttl: float) -> Attempt | None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        keys = (_lock_key(name), _fence_key(name), SYNCED_KEY, QUARANTINE_KEY)
+        futures = self._call_all(scripts.ACQUIRE, keys, (lease_id, max(1, int(ttl * 1000))))
+        replies = await self._round(futures, self._decider(_granted))
+        grants = [int(r[0]) for r in replies if _granted(r)]
+        busy = [int(r[1]) for r in replies if _answered(r) and int(r[0]) == 0]
+        for node, reply in zip(self.nodes, replies, strict=True):
+            if _answered(reply) and int(reply[0]) == -2:
+                self.resyncer.schedule(node)
+        if len(grants) >= self.quorum:
+            token = max(grants)
+            if any(g != token for g in grants) and not await self._raise_fence(
+                name, lease_id, token
+            ):
+                self.abandon(name, lease_id)
+                return None
+            valid_until = start + ttl - drift(ttl)
+            if valid_until > loop.time():
+                return Attempt(token, valid_until, 0.0)
+            self.abandon(name, lease_id)
+            return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
+        if grants:
+            self.abandon(name, lease_id)
+        if busy and len(grants) + len(busy) >= self.quorum:
+            return Attempt(0, 0.0, min(busy) / 1000)
+        self._last_errors = self._errors(replies, _granted)
+        return None
+
+    async def _raise_fence(self, name: str, lease_id: str, token: int) -> bool:
+        futures = self._call_all(
+            scripts.RAISE_FENCE, (_fence_key(name), _lock_key(name)), (token, lease_id)
+        )
+
+        def good(reply: Reply) -> bool:
+            return isinstance(reply, int) and reply >= token
+
+        replies = await self._round(futures, self._decider(good))
+        return sum(good(r) for r in replies) >= self.quorum
+
+    def abandon(self, name: str, lease_id: str) -> None:
+        # Sent on each node's connection after the acquire, so it runs after it.
+        for node in self.nodes:
+            node.call(scripts.RELEASE, (_lock_key(name),), (lease_id, RELEASE_CHANNEL, name))
+
+    async def extend(self, name: str, lease_id: str, ttl: float) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        futures = self._call_all(scripts.EXTEND, (_lock_key(name),), (lease_id, int(ttl * 1000)))
+        replies = await self._round(futures, self._decider(_one))
+        ok = sum(_one(r) for r in replies)
+        if ok >= self.quorum:
+            return start + ttl - drift(ttl)
+        if sum(r == 0 for r in replies) > len(self.nodes) - self.quorum:
+            raise LeaseLost(name, "it expired or another lease holds it")
+        raise QuorumUnavailable(name, self._errors(replies, _one), self.quorum)
+
+    async def release(self, name: str, lease_id: str) -> bool:
+        futures = self._call_all(
+            scripts.RELEASE, (_lock_key(name),), (lease_id, RELEASE_CHANNEL, name)
+        )
+        replies = await self._round(futures, self._decider(_one))
+        not_owner = sum(r == 0 for r in replies)
+        if not_owner > len(self.nodes) - self.quorum:
+            return False
+        if sum(isinstance(r, int) for r in replies) < self.quorum:
+            raise QuorumUnavailable(name, self._errors(replies, _one), self.quorum)
+        return True
+
+    async def _inspect_replies(self, name: str, *, early: bool) -> list[list[int]]:
+        keys = (_lock_key(name), _fence_key(name), SYNCED_KEY)
+        futures = self._call_all(scripts.INSPECT, keys, ())
+        n = len(self.nodes)
+
+        def decided(replies: list[Reply]) -> bool:
+            answered = sum(r is not _UNSET for r in replies)
+            return answered == n or (early and sum(map(_inspected, replies)) >= self.quorum)
+
+        replies = await self._round(futures, decided)
+        good = [[int(x) for x in r] for r in replies if _inspected(r)]
+        if len(good) < self.quorum:
+            raise QuorumUnavailable(name, self._errors(replies, _inspected), self.quorum)
+        return good
+
+    async def inspect(self, name: str) -> LockInfo:
+        replies = await self._inspect_replies(name, early=False)
+        counter = max(r[2] for r in replies)
+        holders = [r for r in replies if r[0] > 0]
+        if len(holders) >= self.quorum:
+            token = max(r[0] for r in holders)
+            ttl = sorted(r[1] for r in holders)[len(holders) - self.quorum] / 1000
+            return LockInfo(name, True, token, ttl)
+        return LockInfo(name, False, counter, 0.0)
+
+    async def issued(self, name: str) -> int:
+        replies = await self._inspect_replies(name, early=True)
+        return max(r[2] for r in replies)
+
+    async def ready(self) -> bool:
+        futures = [node.command("PING") for node in self.nodes]
+        replies = await self._round(futures, self._decider(_pong))
+        return sum(_pong(r) for r in replies) >= self.quorum
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _pong(reply: Reply) -> bool:
+    return isinstance(reply, bytes) and reply == b"PONG"
+
+
+def _answered(reply: Reply) -> bool:
+    return isinstance(reply, list) and len(reply) == 2
+
+
+def _granted(reply: Reply) -> bool:
+    return _answered(reply) and int(reply[0]) > 0
+
+
+def _one(reply: Reply) -> bool:
+    return isinstance(reply, int) and reply == 1
+
+
+def _inspected(reply: Reply) -> bool:
+    return isinstance(reply, list) and len(reply) == 3

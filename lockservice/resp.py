@@ -1,0 +1,153 @@
+"""A lean Redis connection with automatic pipelining.
+
+Every command a task sends in one turn of the event loop goes out in one
+socket write, and replies resolve futures in order (Redis answers each
+connection in order). Futures always get a *value*: a reply, a
+``hiredis.ReplyError`` or a ``ConnectionError``; never an exception, so a
+caller may stop waiting for one (quorum reached, deadline passed) without the
+loop complaining about an unretrieved exception.
+
+redis-py's pool does one round trip per command per connection; a Redlock
+round sends the same script to every node and many tasks share a node, so
+batching per node is where the throughput comes from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import hiredis
+
+__all__ = ["Connection", "Reply", "ReplyError", "is_failure", "open_connection"]
+
+ReplyError = hiredis.ReplyError
+Reply: TypeAlias = Any  # bytes | int | list | None | ReplyError | ConnectionError
+
+
+def _pack(args: tuple[bytes | str | int, ...]) -> bytes:
+    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # stub types a 1-tuple
+    return packed
+
+
+def is_failure(reply: Reply) -> bool:
+    """True for an error reply or a lost connection."""
+    return isinstance(reply, ReplyError | ConnectionError | TimeoutError)
+
+
+class Connection(asyncio.Protocol):
+    """One socket to one Redis server; ``send`` queues, the loop flushes."""
+
+    def __init__(self, on_push: Callable[[Reply], None] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._reader = hiredis.Reader()
+        self._pending: collections.deque[tuple[asyncio.Future[Reply], float]] = collections.deque()
+        self._out: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self._on_push = on_push
+        self.closed = False
+        self.lost: asyncio.Future[None] = self._loop.create_future()
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while (reply := self._reader.gets()) is not False:
+            if self._on_push is not None:
+                self._on_push(reply)
+                continue
+            if not self._pending:  # a reply nobody asked for: the stream is broken
+                self.abort()
+                return
+            fut, _ = self._pending.popleft()
+            if not fut.done():
+                fut.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        error = ConnectionError(f"connection lost: {exc}" if exc else "connection closed")
+        while self._pending:
+            fut, _ = self._pending.popleft()
+            if not fut.done():
+                fut.set_result(error)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    # API
+    def send(self, *args: bytes | str | int) -> asyncio.Future[Reply]:
+        """Queue one command; the future resolves to its reply (never raises)."""
+        fut: asyncio.Future[Reply] = self._loop.create_future()
+        if self.closed:
+            fut.set_result(ConnectionError("connection closed"))
+            return fut
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(_pack(args))
+        self._pending.append((fut, self._loop.time()))
+        return fut
+
+    def send_untracked(self, *args: bytes | str | int) -> None:
+        """Queue a command whose replies arrive as pushes (SUBSCRIBE)."""
+        if not self.closed:
+            if not self._out:
+                self._loop.call_soon(self._flush)
+            self._out.append(_pack(args))
+
+    def _flush(self) -> None:
+        if self._out and self._transport is not None and not self.closed:
+            self._transport.write(b"".join(self._out))
+        self._out.clear()
+
+    def oldest_pending(self) -> float | None:
+        """Loop time at which the oldest unanswered command was sent."""
+        return self._pending[0][1] if self._pending else None
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+        else:
+            self.connection_lost(None)
+
+
+async def open_connection(
+    host: str | None,
+    port: int,
+    *,
+    path: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    db: int = 0,
+    connect_timeout: float,
+    on_push: Callable[[Reply], None] | None = None,
+) -> Connection:
+    """Connect, authenticate and select ``db``; raise ``ConnectionError`` on failure."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(connect_timeout):
+            if path is not None:
+                _, conn = await loop.create_unix_connection(lambda: Connection(), path)
+            else:
+                assert host is not None
+                _, conn = await loop.create_connection(
+                    lambda: Connection(), host, port, ssl=ssl_context
+                )
+            setup: list[asyncio.Future[Reply]] = []
+            if password is not None:
+                auth = (username, password) if username else (password,)
+                setup.append(conn.send("AUTH", *auth))
+            if db:
+                setup.append(conn.send("SELECT", db))
+            for reply in await asyncio.gather(*setup):
+                if is_failure(reply):
+                    conn.abort()
+                    raise ConnectionError(f"redis refused the connection setup: {reply}")
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionError(f"cannot connect: {str(exc) or type(exc).__name__}") from exc
+    conn._on_push = on_push
+    return conn

@@ -1,0 +1,41 @@
+"""Lua scripts of the lock protocol, each read once from its ``.lua`` file."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib.resources import files
+
+__all__ = [
+    "ACQUIRE",
+    "EXTEND",
+    "INSPECT",
+    "MARK_SYNCED",
+    "RAISE_FENCE",
+    "RELEASE",
+    "RESYNC",
+    "Script",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A script's source and the SHA1 that EVALSHA calls it by."""
+
+    name: str
+    source: bytes
+    sha: bytes
+
+
+def _load(name: str) -> Script:
+    source = files(__name__).joinpath(f"{name}.lua").read_bytes()
+    return Script(name, source, hashlib.sha1(source).hexdigest().encode())
+
+
+ACQUIRE = _load("acquire")
+RELEASE = _load("release")
+EXTEND = _load("extend")
+RAISE_FENCE = _load("raise_fence")
+INSPECT = _load("inspect")
+RESYNC = _load("resync")
+MARK_SYNCED = _load("mark_synced")

@@ -1,0 +1,82 @@
+"""Shared fixtures: real redis-server nodes and a PostgreSQL schema per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._servers import RedisNode
+
+PG_DSN = os.environ.get("FENCEGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def redis_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisNode]]:
+    """Five redis-server processes for the whole session (tests use 1, 3 or 5)."""
+    base = tmp_path_factory.mktemp("redis")
+    nodes = [RedisNode(base / f"node{i}") for i in range(5)]
+    for node in nodes:
+        node.start()
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+def _fresh(nodes: list[RedisNode]) -> list[RedisNode]:
+    for node in nodes:
+        if not node.alive:
+            node.start()
+        node.resume()
+        node.flushall()
+    return nodes
+
+
+@pytest.fixture
+def redis1(redis_pool: list[RedisNode]) -> list[RedisNode]:
+    return _fresh(redis_pool[:1])
+
+
+@pytest.fixture
+def redis3(redis_pool: list[RedisNode]) -> list[RedisNode]:
+    return _fresh(redis_pool[:3])
+
+
+@pytest.fixture
+def redis5(redis_pool: list[RedisNode]) -> list[RedisNode]:
+    return _fresh(redis_pool[:5])
+
+
+@pytest.fixture
+def own_redis3(tmp_path: Path) -> Iterator[list[RedisNode]]:
+    """Three nodes of this test's own, for fault tests that kill and restart them."""
+    nodes = [RedisNode(tmp_path / f"node{i}") for i in range(3)]
+    for node in nodes:
+        node.start()
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture
+async def pg_schema() -> AsyncIterator[str]:
+    """A unique PostgreSQL schema on the running server, dropped afterwards."""
+    import uuid
+
+    import asyncpg
+
+    schema = f"fg_test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        yield schema
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+
+@pytest.fixture
+def pg_dsn() -> str:
+    return PG_DSN
