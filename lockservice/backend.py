@@ -36,20 +36,30 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
-    async def try_acquire(self, name: str, lease_id: str, ttl: float) -> Attempt:
-        """One attempt; raises ``QuorumUnavailable`` when a majority cannot answer."""
+    async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+        """One attempt; raises ``QuorumUnavailable`` when a majority cannot answer.
+
+        ``ticket`` is empty for a try that will not wait, else the waiter's place
+        in the queue of ``name`` (its arrival time), the same on every attempt.
+        """
         ...
 
     def abandon(self, name: str, lease_id: str) -> None:
-        """Undo any partial grant of ``lease_id``; runs synchronously, safe under cancellation."""
+        """Undo any partial grant or queue place of ``lease_id``; synchronous, so safe
+        under cancellation."""
         ...
 
     async def extend(self, name: str, lease_id: str, ttl: float) -> float:
         """Return the new ``valid_until``; raise ``LeaseLost`` or ``QuorumUnavailable``."""
         ...
 
-    async def release(self, name: str, lease_id: str) -> bool:
-        """True when released, False when the lease no longer held the lock."""
+    async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
+        """True when released, False when the lease no longer held the lock.
+
+        With ``confirm=False`` the release is sent and True returned at once: for a
+        lease this process was granted and that is still valid, a majority holds
+        it, so the answer is known.
+        """
         ...
 
     async def inspect(self, name: str) -> LockInfo: ...

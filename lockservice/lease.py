@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Lease", "LockInfo", "validate_name", "validate_ttl"]
 
@@ -25,6 +25,8 @@ class Lease:
     token: int
     lease_id: str
     valid_until: float
+    # The LockManager that granted it; a lease built by hand is confirmed with Redis.
+    issuer: object = field(default=None, repr=False, compare=False)
 
     def remaining(self) -> float:
         """Seconds of validity left (negative once expired)."""

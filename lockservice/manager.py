@@ -15,6 +15,7 @@ import asyncio
 import logging
 import random
 import secrets
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -133,14 +134,18 @@ class LockManager:
         start = loop.time()
         deadline = start + wait
         lease_id = secrets.token_hex(16)
+        ticket = f"{time.time() * 1000:.3f}" if wait else ""  # place in the remote queue
         result = "cancelled"
         turn = self._turns.get(name)
         if turn is None:
             turn = self._turns[name] = _Turn()
         turn.users += 1
         try:
-            async with asyncio.timeout_at(deadline if wait else None):
-                await turn.lock.acquire()
+            if turn.lock.locked() or turn.users > 1:
+                async with asyncio.timeout_at(deadline):
+                    await turn.lock.acquire()
+            else:
+                await turn.lock.acquire()  # free: no timer needed
         except TimeoutError:
             self._leave(name, turn)
             self.events.acquire_done("held", loop.time() - start)
@@ -149,7 +154,7 @@ class LockManager:
             self._leave(name, turn)
             raise
         try:
-            lease = await self._contend(name, lease_id, ttl, deadline)
+            lease = await self._contend(name, lease_id, ttl, deadline, ticket)
             result = "granted"
             return lease
         except LockHeld:
@@ -169,22 +174,20 @@ class LockManager:
         if turn.users == 0 and self._turns.get(name) is turn:
             del self._turns[name]
 
-    async def _contend(self, name: str, lease_id: str, ttl: float, deadline: float) -> Lease:
+    async def _contend(
+        self, name: str, lease_id: str, ttl: float, deadline: float, ticket: str
+    ) -> Lease:
         loop = asyncio.get_running_loop()
         backend = self._backend
         backoff = _BACKOFF_FIRST
         waiting = False
         try:
             while True:
-                woken = backend.waiters.register(name)  # before the try: no missed release
+                woken = backend.waiters.register(name, lease_id)  # before the try
                 try:
-                    try:
-                        attempt = await backend.try_acquire(name, lease_id, ttl)
-                    except BaseException:
-                        backend.abandon(name, lease_id)  # even when cancelled mid-flight
-                        raise
+                    attempt = await backend.try_acquire(name, lease_id, ttl, ticket)
                     if attempt.token:
-                        return Lease(name, attempt.token, lease_id, attempt.valid_until)
+                        return Lease(name, attempt.token, lease_id, attempt.valid_until, self)
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         raise LockHeld(name, retry_after=max(attempt.retry_after, 0.001))
@@ -197,7 +200,12 @@ class LockManager:
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     await asyncio.wait((woken,), timeout=sleep)
                 finally:
-                    backend.waiters.unregister(name, woken)
+                    backend.waiters.unregister(name, lease_id)
+        except BaseException:
+            # Undo partial grants and leave the queue, even when cancelled mid-flight:
+            # abandon() only queues commands, behind the acquire on each connection.
+            backend.abandon(name, lease_id)
+            raise
         finally:
             if waiting:
                 self.events.waiting(-1)
@@ -226,7 +234,7 @@ class LockManager:
             self.events.quorum_failed("extend")
             raise
         self.events.renewed("ok")
-        return Lease(lease.name, lease.token, lease.lease_id, valid_until)
+        return Lease(lease.name, lease.token, lease.lease_id, valid_until, lease.issuer)
 
     async def release(self, lease: Lease) -> None:
         """Release the lease; the release goes out even if this call is cancelled.
@@ -235,9 +243,11 @@ class LockManager:
             LeaseLost: the lease had expired (or another lease holds the lock).
         """
         expired = lease.expired
-        released = await self._backend.release(lease.name, lease.lease_id)
+        # A valid lease of ours is held by a majority: no need to wait for the answer.
+        confirm = expired or lease.issuer is not self
+        released = await self._backend.release(lease.name, lease.lease_id, confirm=confirm)
         if released:
-            self._backend.waiters.wake(lease.name)
+            self._backend.waiters.wake(lease.name, lease.lease_id)
         if expired or not released:
             self.events.released(0.0, "lost")
             raise LeaseLost(lease.name, "it had expired")

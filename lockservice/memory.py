@@ -50,12 +50,20 @@ class MemoryBackend:
             return None
         return held
 
-    async def try_acquire(self, name: str, lease_id: str, ttl: float) -> Attempt:
+    def _sweep(self) -> None:
+        """Forget expired locks nobody asked about again: memory stays bounded."""
+        now = asyncio.get_running_loop().time()
+        for name in [n for n, held in self._locks.items() if held[2] <= now]:
+            del self._locks[name]
+
+    async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
         now = asyncio.get_running_loop().time()
         held = self._holder(name)
         if held is not None and held[0] != lease_id:
             return Attempt(0, 0.0, held[2] - now)
         self._counter += 1
+        if self._counter % 4096 == 0:
+            self._sweep()
         self._locks[name] = (lease_id, self._counter, now + ttl)
         return Attempt(self._counter, now + ttl, 0.0)
 
@@ -73,7 +81,7 @@ class MemoryBackend:
         self._locks[name] = (lease_id, held[1], valid_until)
         return valid_until
 
-    async def release(self, name: str, lease_id: str) -> bool:
+    async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         held = self._holder(name)
         if held is None or held[0] != lease_id:
             return False

@@ -104,7 +104,7 @@ class Node:
         *,
         timeout: float,
         channel: str,
-        on_release: Callable[[str], None],
+        on_release: Callable[[bytes], None],
         on_connected: Callable[[Node, bool], Awaitable[None]],
     ) -> None:
         self.address = address
@@ -117,7 +117,7 @@ class Node:
         self._conn: Connection | None = None
         self._sub: Connection | None = None
         self._task: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
+        self._poked: asyncio.Future[None] | None = None
         self._stall_after = max(1.0, 5 * timeout)
 
     @property
@@ -145,7 +145,8 @@ class Node:
         if conn is None or conn.closed:
             fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
             fut.set_result(ConnectionError(f"node {self.label} is not connected"))
-            self._changed.set()
+            if self._poked is not None and not self._poked.done():
+                self._poked.set_result(None)  # reconnect now rather than at the next tick
             return fut
         return conn.send(*args)
 
@@ -215,22 +216,21 @@ class Node:
 
     def _push(self, reply: Reply) -> None:
         if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
-            self._on_release(reply[2].decode())
+            self._on_release(reply[2])
 
     async def _upkeep(self) -> None:
         """Reconnect what dropped, abort a connection whose replies are overdue."""
         backoff = 0.05
         loop = asyncio.get_running_loop()
         while True:
-            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._changed.wait())]
+            self._poked = loop.create_future()
+            waits: list[asyncio.Future[None]] = [self._poked]
             for conn in (self._conn, self._sub):
                 if conn is not None and not conn.closed:
-                    waits.append(conn.lost)  # type: ignore[arg-type]
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(self._stall_after / 4, 0.5)):
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            waits[0].cancel()
-            self._changed.clear()
+                    waits.append(conn.lost)
+            await asyncio.wait(
+                waits, timeout=min(self._stall_after / 4, 0.5), return_when=asyncio.FIRST_COMPLETED
+            )
             conn = self._conn
             if conn is not None and not conn.closed:
                 oldest = conn.oldest_pending()

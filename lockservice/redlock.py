@@ -47,6 +47,13 @@ def _fence_key(name: str) -> str:
     return f"fence:{{{name}}}"
 
 
+def _queue_keys(name: str) -> tuple[str, str]:
+    return f"waitq:{{{name}}}", f"waitx:{{{name}}}"
+
+
+_KEEPALIVE_MS = 3000  # a queued waiter retries at least every ~1.5 s
+
+
 def _describe(reply: Reply) -> str:
     if reply is _UNSET:
         return "no reply within the node timeout"
@@ -73,7 +80,7 @@ class Redlock:
                 a,
                 timeout=node_timeout,
                 channel=RELEASE_CHANNEL,
-                on_release=self.waiters.wake,
+                on_release=self.waiters.wake_from_message,
                 on_connected=self._on_connected,
             )
             for a in addresses
@@ -160,21 +167,22 @@ class Redlock:
         }
 
     # operations
-    async def try_acquire(self, name: str, lease_id: str, ttl: float) -> Attempt:
-        attempt = await self._attempt(name, lease_id, ttl)
+    async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+        attempt = await self._attempt(name, lease_id, ttl, ticket)
         if attempt is None and self.resyncer.pending():
             # Nodes that restarted or are new may be in the middle of a resync: wait once.
             await self.resyncer.settle(max(self._timeout * 10, 2.0))
-            attempt = await self._attempt(name, lease_id, ttl)
+            attempt = await self._attempt(name, lease_id, ttl, ticket)
         if attempt is None:
             raise QuorumUnavailable(name, self._last_errors, self.quorum)
         return attempt
 
-    async def _attempt(self, name: str, lease_id: str, ttl: float) -> Attempt | None:
+    async def _attempt(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt | None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        keys = (_lock_key(name), _fence_key(name), SYNCED_KEY, QUARANTINE_KEY)
-        futures = self._call_all(scripts.ACQUIRE, keys, (lease_id, max(1, int(ttl * 1000))))
+        keys = (_lock_key(name), _fence_key(name), SYNCED_KEY, QUARANTINE_KEY, *_queue_keys(name))
+        args = (lease_id, max(1, int(ttl * 1000)), ticket, _KEEPALIVE_MS)
+        futures = self._call_all(scripts.ACQUIRE, keys, args)
         replies = await self._round(futures, self._decider(_granted))
         grants = [int(r[0]) for r in replies if _granted(r)]
         busy = [int(r[1]) for r in replies if _answered(r) and int(r[0]) == 0]
@@ -196,7 +204,8 @@ class Redlock:
         if grants:
             self.abandon(name, lease_id)
         if busy and len(grants) + len(busy) >= self.quorum:
-            return Attempt(0, 0.0, min(busy) / 1000)
+            # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
+            return Attempt(0, 0.0, max(busy) / 1000)
         self._last_errors = self._errors(replies, _granted)
         return None
 
@@ -213,8 +222,9 @@ class Redlock:
 
     def abandon(self, name: str, lease_id: str) -> None:
         # Sent on each node's connection after the acquire, so it runs after it.
+        keys = (_lock_key(name), *_queue_keys(name))
         for node in self.nodes:
-            node.call(scripts.RELEASE, (_lock_key(name),), (lease_id, RELEASE_CHANNEL, name))
+            node.call(scripts.RELEASE, keys, (lease_id, RELEASE_CHANNEL, name))
 
     async def extend(self, name: str, lease_id: str, ttl: float) -> float:
         loop = asyncio.get_running_loop()
@@ -228,10 +238,11 @@ class Redlock:
             raise LeaseLost(name, "it expired or another lease holds it")
         raise QuorumUnavailable(name, self._errors(replies, _one), self.quorum)
 
-    async def release(self, name: str, lease_id: str) -> bool:
-        futures = self._call_all(
-            scripts.RELEASE, (_lock_key(name),), (lease_id, RELEASE_CHANNEL, name)
-        )
+    async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
+        keys = (_lock_key(name), *_queue_keys(name))
+        futures = self._call_all(scripts.RELEASE, keys, (lease_id, RELEASE_CHANNEL, name))
+        if not confirm:
+            return True
         replies = await self._round(futures, self._decider(_one))
         not_owner = sum(r == 0 for r in replies)
         if not_owner > len(self.nodes) - self.quorum:

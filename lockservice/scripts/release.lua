@@ -1,11 +1,32 @@
---[[ release: delete lock:{name} if lease_id holds it, and wake waiters.
-  KEYS[1] lock:{name}  ARGV[1] lease_id  ARGV[2] release channel  ARGV[3] name
+--[[ release: delete lock:{name} if lease_id holds it, leave the wait queue, wake the next.
+  KEYS[1] lock:{name}  KEYS[2] waitq:{name}  KEYS[3] waitx:{name}
+  ARGV[1] lease_id  ARGV[2] release channel  ARGV[3] name
   Returns 1 when deleted, 0 when the lock is absent or held by another lease.
-  fence:{name} is never touched: the counter must outlive the lock. ]]
+  Publishes "<name>\n<lease_id>\n<next waiter or empty>" when the lock became free,
+  so that only the next waiter's process tries (an empty next wakes every waiter).
+  Also run to undo a partial grant or to give up waiting. fence:{name} is never
+  touched: the counter must outlive the lock. ]]
+local id = ARGV[1]
+local deleted = 0
 local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
+if current and string.sub(current, 1, #id + 1) == id .. ':' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return 1
+  deleted = 1
 end
-return 0
+local queued = redis.call('ZREM', KEYS[2], id)
+redis.call('ZREM', KEYS[3], id)
+if deleted == 1 or (queued == 1 and not current) then
+  local head = ''
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
+    if #dead > 0 then
+      redis.call('ZREM', KEYS[3], unpack(dead))
+      redis.call('ZREM', KEYS[2], unpack(dead))
+    end
+    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
+  end
+  redis.call('PUBLISH', ARGV[2], ARGV[3] .. '\n' .. id .. '\n' .. head)
+end
+return deleted

@@ -1,0 +1,448 @@
+"""Lock throughput, latency and fairness: fencegate against raw Redis and the peers.
+
+Every number comes from one run, against the same redis-server processes, on
+the same event loop (uvloop), and is reported next to ratios against the
+baselines of that run: raw redis.asyncio SET NX PX + DEL (the ceiling), the
+redis-py ``Lock`` (one node), and the Redlock peers pottery (``AIORedlock``)
+and aioredlock (install them with ``pip install -e .[bench]``).
+
+    .venv/bin/python -m benchmarks.locks            # full run (several minutes)
+    .venv/bin/python -m benchmarks.locks --quick    # a short smoke run
+
+Results: printed, and written to benchmarks/results/locks.md and locks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import platform
+import resource
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aredis
+import uvloop
+
+from lockservice import LockManager
+from tests._servers import RedisNode
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+Acquire = Callable[[str], Awaitable[Any]]
+Release = Callable[[Any], Awaitable[None]]
+
+
+@dataclass
+class Client:
+    """One contender's acquire/release pair, plus how to tear it down."""
+
+    acquire: Acquire
+    release: Release
+    close: Callable[[], Awaitable[None]] = field(default=lambda: asyncio.sleep(0))
+
+
+# ---------------------------------------------------------------- clients
+async def fencegate_client(urls: list[str]) -> Client:
+    mgr = await LockManager.connect(urls)
+    return Client(lambda n: mgr.acquire(n, ttl=10.0, wait=10.0), mgr.release, mgr.close)
+
+
+async def raw_client(urls: list[str]) -> Client:
+    """SET NX PX on every node at once, then DEL on every node: no token, no safety."""
+    conns = [aredis.Redis.from_url(u) for u in urls]
+
+    async def acquire(name: str) -> str:
+        while True:
+            got = await asyncio.gather(*(c.set(name, "x", nx=True, px=10_000) for c in conns))
+            if sum(bool(g) for g in got) > len(conns) // 2:
+                return name
+            await asyncio.gather(*(c.delete(name) for c in conns))
+            await asyncio.sleep(0.001)
+
+    async def release(name: str) -> None:
+        await asyncio.gather(*(c.delete(name) for c in conns))
+
+    async def close() -> None:
+        for c in conns:
+            await c.aclose()
+
+    return Client(acquire, release, close)
+
+
+async def raw_pipelined_client(urls: list[str]) -> Client:
+    """SET NX PX and DEL sent as one pipeline per node: one round trip a cycle (ceiling)."""
+    conns = [aredis.Redis.from_url(u) for u in urls]
+    pending: dict[str, Any] = {}
+
+    async def acquire(name: str) -> str:
+        pending[name] = name
+        return name
+
+    async def release(name: str) -> None:
+        async def one(c: aredis.Redis) -> None:
+            pipe = c.pipeline(transaction=False)
+            pipe.set(name, "x", nx=True, px=10_000)
+            pipe.delete(name)
+            await pipe.execute()
+
+        await asyncio.gather(*(one(c) for c in conns))
+
+    async def close() -> None:
+        for c in conns:
+            await c.aclose()
+
+    return Client(acquire, release, close)
+
+
+async def redis_py_lock_client(urls: list[str]) -> Client:
+    conn = aredis.Redis.from_url(urls[0])
+
+    async def acquire(name: str) -> Any:
+        lock = conn.lock(name, timeout=10.0, sleep=0.1, blocking_timeout=10.0)
+        await lock.acquire()
+        return lock
+
+    async def release(lock: Any) -> None:
+        await lock.release()
+
+    return Client(acquire, release, conn.aclose)
+
+
+async def pottery_client(urls: list[str]) -> Client:
+    from pottery import AIORedlock
+
+    conns = [aredis.Redis.from_url(u) for u in urls]
+
+    async def acquire(name: str) -> Any:
+        lock = AIORedlock(key=name, masters=conns, auto_release_time=10.0)
+        if not await lock.acquire(blocking=True, timeout=10.0):
+            raise TimeoutError("pottery did not get the lock")
+        return lock
+
+    async def release(lock: Any) -> None:
+        await lock.release()
+
+    async def close() -> None:
+        for c in conns:
+            await c.aclose()
+
+    return Client(acquire, release, close)
+
+
+async def aioredlock_client(urls: list[str]) -> Client:
+    from aioredlock import Aioredlock, LockError
+
+    hosts = [{"host": "127.0.0.1", "port": int(u.rsplit(":", 1)[1].split("/")[0])} for u in urls]
+    mgr = Aioredlock(hosts, retry_count=1000, retry_delay_min=0.1, retry_delay_max=0.3)
+
+    async def acquire(name: str) -> Any:
+        while True:
+            try:
+                return await mgr.lock(name, lock_timeout=10)
+            except LockError:
+                continue
+
+    async def release(lock: Any) -> None:
+        await mgr.unlock(lock)
+
+    return Client(acquire, release, mgr.destroy)
+
+
+LIBRARIES: dict[str, Callable[[list[str]], Awaitable[Client]]] = {
+    "raw SET NX PX + DEL": raw_client,
+    "raw pipelined (ceiling)": raw_pipelined_client,
+    "redis-py Lock": redis_py_lock_client,
+    "pottery AIORedlock": pottery_client,
+    "aioredlock": aioredlock_client,
+    "fencegate": fencegate_client,
+}
+PEERS = ("redis-py Lock", "pottery AIORedlock", "aioredlock")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---------------------------------------------------------------- scenarios
+async def one_client(make: Callable[[list[str]], Awaitable[Client]], urls: list[str],
+                     seconds: float) -> dict[str, float]:  # fmt: skip
+    client = await make(urls)
+    lat: list[float] = []
+    try:
+        for _ in range(50):  # warm up
+            await client.release(await client.acquire("bench:one"))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        start = loop.time()
+        cycles = 0
+        while loop.time() < end and cycles < 200_000:
+            t0 = time.perf_counter()
+            handle = await client.acquire("bench:one")
+            lat.append(time.perf_counter() - t0)
+            await client.release(handle)
+            cycles += 1
+        elapsed = loop.time() - start
+    finally:
+        await client.close()
+    return {"cycles_per_s": cycles / elapsed, "p50_ms": pct(lat, 0.5) * 1e3,
+            "p99_ms": pct(lat, 0.99) * 1e3}  # fmt: skip
+
+
+async def many_workers(make: Callable[[list[str]], Awaitable[Client]], urls: list[str],
+                       seconds: float, workers: int = 32) -> dict[str, float]:  # fmt: skip
+    client = await make(urls)
+    loop = asyncio.get_running_loop()
+    cycles = 0
+    try:
+        end = loop.time() + seconds
+
+        async def worker(i: int) -> None:
+            nonlocal cycles
+            name = f"bench:w{i}"
+            n = 0
+            while loop.time() < end and n < 100_000:
+                await client.release(await client.acquire(name))
+                cycles += 1
+                n += 1
+
+        start = loop.time()
+        await asyncio.gather(*(worker(i) for i in range(workers)))
+        elapsed = loop.time() - start
+    finally:
+        await client.close()
+    return {"cycles_per_s": cycles / elapsed}
+
+
+class CommandCounter:
+    """MONITOR on one node: counts the commands clients send, not those scripts run."""
+
+    def __init__(self, node: RedisNode) -> None:
+        self.node = node
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> CommandCounter:
+        reader, self._writer = await asyncio.open_connection("127.0.0.1", self.node.port)
+        self._writer.write(b"MONITOR\r\n")
+        await reader.readline()  # +OK
+
+        async def read() -> None:
+            while line := await reader.readline():
+                if b" lua] " not in line and b'"MONITOR"' not in line:
+                    self.count += 1
+
+        self._task = asyncio.create_task(read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.sleep(0.05)
+        self._writer.close()
+        assert self._task is not None
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[str],
+                     nodes: list[RedisNode], seconds: float, workers: int = 8,
+                     hold: float = 0.001) -> dict[str, float]:  # fmt: skip
+    """Each worker has its own client (as separate processes would) on one name."""
+    clients = [await make(urls) for _ in range(workers)]
+    loop = asyncio.get_running_loop()
+    owners: list[int] = []
+    takeover_waits: list[float] = []
+    try:
+        counter = CommandCounter(nodes[0])
+        await counter.__aenter__()
+        end = loop.time() + seconds
+
+        async def worker(i: int) -> None:
+            n = 0
+            while loop.time() < end and n < 50_000:
+                t0 = loop.time()
+                handle = await clients[i].acquire("bench:hot")
+                if owners and owners[-1] != i:
+                    takeover_waits.append(loop.time() - t0)
+                owners.append(i)
+                await asyncio.sleep(hold)
+                await clients[i].release(handle)
+                n += 1
+
+        start = loop.time()
+        await asyncio.gather(*(worker(i) for i in range(workers)))
+        elapsed = loop.time() - start
+        await counter.__aexit__()
+        calls = counter.count * len(nodes)  # every node gets the same commands
+    finally:
+        for c in clients:
+            await c.close()
+    counts = Counter(owners)
+    same = sum(a == b for a, b in itertools.pairwise(owners))
+    total = max(len(owners), 1)
+    return {
+        "cs_per_s": len(owners) / elapsed,
+        "takeover_p50_ms": pct(takeover_waits, 0.5) * 1e3,
+        "takeover_p99_ms": pct(takeover_waits, 0.99) * 1e3,
+        "takeover_max_ms": max(takeover_waits, default=float("nan")) * 1e3,
+        "top_worker_share": max(counts.values(), default=0) / total,
+        "workers_served": len(counts),
+        "same_owner_again": same / max(total - 1, 1),
+        "round_trips_per_cs": calls / total,
+    }
+
+
+async def memory_flat(urls: list[str], names: int) -> dict[str, float]:
+    mgr = await LockManager.connect(urls)
+    loop = asyncio.get_running_loop()
+    done = 0
+    marks: list[tuple[int, float]] = []
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+    async def worker(i: int, step: int) -> None:
+        nonlocal done
+        for k in range(i, names, step):
+            await mgr.release(await mgr.acquire(f"bench:mem:{k}", ttl=10.0))
+            done += 1
+
+    start = loop.time()
+    task = asyncio.gather(*(worker(i, 128) for i in range(128)))
+    while not task.done():
+        await asyncio.wait([task], timeout=2.0)
+        gc.collect()
+        marks.append((done, rss_mb()))
+        print(f"  memory: {done:>9,} names, rss {marks[-1][1]:.1f} MiB", flush=True)
+    await task
+    elapsed = loop.time() - start
+    await mgr.close()
+    early = next((m for d, m in marks if d >= names * 0.1), marks[0][1])
+    return {"names": names, "rss_at_10pct_mib": early, "rss_end_mib": marks[-1][1],
+            "growth_mib": marks[-1][1] - early, "cycles_per_s": names / elapsed}  # fmt: skip
+
+
+# ---------------------------------------------------------------- driver
+async def main(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="fencegate-bench-"))
+    nodes = [RedisNode(workdir / f"n{i}") for i in range(3)]
+    for node in nodes:
+        node.start()
+    machine = f"{platform.machine()}, Python {platform.python_version()}, uvloop"
+    results: dict[str, Any] = {"machine": machine, "seconds_per_case": args.seconds}
+    libs = {k: v for k, v in LIBRARIES.items() if not args.only or k in args.only}
+    try:
+        for count in (1, 3):
+            urls = [n.url for n in nodes[:count]]
+            for scenario in ("one_client", "32_workers"):
+                key = f"{scenario}/{count}node"
+                results[key] = {}
+                for lib, make in libs.items():
+                    if lib == "redis-py Lock" and count > 1:
+                        continue
+                    for n in nodes:
+                        n.flushall()
+                    if scenario == "one_client":
+                        r = await one_client(make, urls, args.seconds)
+                    else:
+                        r = await many_workers(make, urls, args.seconds)
+                    results[key][lib] = r
+                    print(f"{key:22} {lib:26} {json.dumps(r)}", flush=True)
+        urls = [n.url for n in nodes]
+        results["contention/3node"] = {}
+        for lib, make in libs.items():
+            if lib.startswith("raw") or lib == "redis-py Lock":
+                continue
+            for n in nodes:
+                n.flushall()
+            r = await contention(make, urls, nodes, args.seconds * 2)
+            results["contention/3node"][lib] = r
+            print(f"{'contention/3node':22} {lib:26} {json.dumps(r)}", flush=True)
+        if args.names:
+            for n in nodes:
+                n.flushall()
+            results["memory/3node"] = await memory_flat(urls, args.names)
+            print(f"memory/3node {json.dumps(results['memory/3node'])}", flush=True)
+    finally:
+        for node in nodes:
+            node.stop()
+    write_report(results, args)
+
+
+def ratio_line(table: dict[str, dict[str, float]], metric: str) -> str:
+    fg = table.get("fencegate", {}).get(metric)
+    peers = [table[p][metric] for p in PEERS if p in table]
+    if fg is None or not peers:
+        return ""
+    best = max(peers)
+    return f"fencegate / fastest peer: **{fg / best:.2f}x**"
+
+
+def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    suffix = "-quick" if args.quick else ""
+    (RESULTS / f"locks{suffix}.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        "# Lock benchmark",
+        "",
+        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds:g} s a case, "
+        "all libraries against the same redis-server processes in one run.",
+        "",
+    ]
+    for key, table in results.items():
+        if not isinstance(table, dict) or key.startswith("memory"):
+            continue
+        lines.append(f"## {key}")
+        lines.append("")
+        metrics = list(next(iter(table.values())).keys())
+        lines.append("| library | " + " | ".join(metrics) + " |")
+        lines.append("| --- |" + " --- |" * len(metrics))
+        for lib, row in table.items():
+            cells = [f"{row[m]:.3g}" if isinstance(row[m], float) else str(row[m]) for m in metrics]
+            lines.append(f"| {lib} | " + " | ".join(cells) + " |")
+        metric = "cs_per_s" if key.startswith("contention") else "cycles_per_s"
+        line = ratio_line(table, metric)
+        if line:
+            lines += ["", line]
+        raw = table.get("raw SET NX PX + DEL", {}).get(metric)
+        if raw and "fencegate" in table:
+            lines.append(
+                f"; fencegate / raw SET NX PX + DEL: {table['fencegate'][metric] / raw:.2f}x"
+            )
+        lines.append("")
+    if "memory/3node" in results:
+        m = results["memory/3node"]
+        lines += [
+            "## memory over distinct names (3 nodes, fencegate)",
+            "",
+            f"{m['names']:,} distinct names acquired and released: RSS "
+            f"{m['rss_at_10pct_mib']:.1f} MiB at 10% → {m['rss_end_mib']:.1f} MiB at the end "
+            f"(growth {m['growth_mib']:+.1f} MiB), {m['cycles_per_s']:.0f} cycles/s.",
+            "",
+        ]
+    (RESULTS / f"locks{suffix}.md").write_text("\n".join(lines))
+    print(f"wrote {RESULTS / f'locks{suffix}.md'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 s a case, 20k names")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--names", type=int, default=1_000_000)
+    parser.add_argument("--only", nargs="*", help="library names to run")
+    ns = parser.parse_args()
+    if ns.quick:
+        ns.seconds, ns.names = 1.0, 20_000
+    uvloop.run(main(ns))

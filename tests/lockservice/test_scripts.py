@@ -1,0 +1,173 @@
+"""Each Lua script alone on a real redis-server, through redis-py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from lockservice import scripts
+from tests._servers import RedisNode
+
+LOCK, FENCE, SYNCED, QUAR = "lock:{n}", "fence:{n}", "fencegate:synced", "fencegate:quarantine"
+WAITQ, WAITX = "waitq:{n}", "waitx:{n}"
+ID_A, ID_B = "a" * 32, "b" * 32
+BASE = 1_700_000_000_000_000
+
+
+@pytest.fixture
+def r(redis1: list[RedisNode]) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis1[0].url)
+    client.set(SYNCED, BASE)
+    yield client
+    client.close()
+
+
+def run(r: redis.Redis, script: scripts.Script, keys: list[str], args: list[object]) -> object:
+    return r.eval(script.source, len(keys), *keys, *args)
+
+
+def acquire(r: redis.Redis, lease_id: str, ttl: int = 10_000, ticket: str = "") -> object:
+    keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
+    return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000])
+
+
+def release(r: redis.Redis, lease_id: str) -> object:
+    return run(r, scripts.RELEASE, [LOCK, WAITQ, WAITX], [lease_id, "chan", "n"])
+
+
+def test_acquire_grants_and_issues_token_above_base(r: redis.Redis) -> None:
+    assert acquire(r, ID_A) == [BASE + 1, 0]
+    assert r.get(LOCK) == f"{ID_A}:{BASE + 1}".encode()  # all 16 digits, no float format
+    assert 9_000 < r.pttl(LOCK) <= 10_000
+
+
+def test_acquire_refuses_other_lease_with_its_pttl(r: redis.Redis) -> None:
+    acquire(r, ID_A, 5_000)
+    token, pttl = acquire(r, ID_B)  # type: ignore[misc]
+    assert token == 0
+    assert 4_000 < pttl <= 5_000
+    assert int(r.get(FENCE)) == BASE + 1  # a refusal issues nothing
+
+
+def test_acquire_counts_up_and_never_below_an_existing_counter(r: redis.Redis) -> None:
+    r.set(FENCE, BASE + 500)
+    assert acquire(r, ID_A)[0] == BASE + 501  # type: ignore[index]
+
+
+def test_acquire_on_unsynced_or_quarantined_node(r: redis.Redis) -> None:
+    r.set(QUAR, 1, px=3_000)
+    code, pttl = acquire(r, ID_A)  # type: ignore[misc]
+    assert code == -1
+    assert 2_000 < pttl <= 3_000
+    r.delete(QUAR, SYNCED)
+    assert acquire(r, ID_A) == [-2, 0]
+    assert r.get(LOCK) is None
+    assert r.get(FENCE) is None
+
+
+def test_release_only_by_owner_publishes_and_keeps_counter(r: redis.Redis) -> None:
+    acquire(r, ID_A)
+    pubsub = r.pubsub()
+    pubsub.subscribe("chan")
+    pubsub.get_message(timeout=1)
+    assert release(r, ID_B) == 0
+    assert release(r, ID_A[:-1]) == 0  # a prefix is no owner
+    assert release(r, ID_A) == 1
+    message = pubsub.get_message(timeout=1)
+    assert message is not None
+    assert message["data"] == f"n\n{ID_A}\n".encode()  # name, released lease, next waiter
+    assert r.get(LOCK) is None
+    assert int(r.get(FENCE)) == BASE + 1
+    pubsub.close()
+
+
+def test_extend_only_by_owner_and_never_recreates(r: redis.Redis) -> None:
+    acquire(r, ID_A, 1_000)
+    assert run(r, scripts.EXTEND, [LOCK], [ID_B, 60_000]) == 0
+    assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == 1
+    assert r.pttl(LOCK) > 50_000
+    r.delete(LOCK)
+    assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == 0
+    assert r.get(LOCK) is None
+
+
+def test_raise_fence_is_a_max_and_records_the_token(r: redis.Redis) -> None:
+    acquire(r, ID_A)
+    target = BASE + 7
+    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [target, ID_A]) == target
+    assert r.get(LOCK) == f"{ID_A}:{target}".encode()
+    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 2, ID_B]) == target  # never lowers
+    assert r.get(LOCK) == f"{ID_A}:{target}".encode()
+
+
+def test_inspect_never_reveals_the_lease_id(r: redis.Redis) -> None:
+    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], []) == [0, 0, 0]
+    acquire(r, ID_A)
+    token, pttl, counter = run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [])  # type: ignore[misc]
+    assert token == counter == BASE + 1
+    assert pttl > 0
+    r.delete(SYNCED)
+    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], []) == [-2]
+
+
+def test_resync_raises_counters_only_upwards(r: redis.Redis) -> None:
+    r.set("fence:{x}", 50)
+    r.set("fence:{y}", 5)
+    raised = run(r, scripts.RESYNC, ["fence:{x}", "fence:{y}", "fence:{z}"], [40, 9, BASE + 3])
+    assert raised == 2
+    assert [int(r.get(k)) for k in ("fence:{x}", "fence:{y}", "fence:{z}")] == [50, 9, BASE + 3]
+
+
+def test_mark_synced_sets_base_upwards_and_quarantines(r: redis.Redis) -> None:
+    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE - 1, 2_000]) == 1
+    assert int(r.get(SYNCED)) == BASE
+    assert 1_000 < r.pttl(QUAR) <= 2_000
+    r.delete(QUAR)
+    run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 9, 0])
+    assert int(r.get(SYNCED)) == BASE + 9
+    assert r.get(QUAR) is None
+
+
+def test_script_shas_match_their_sources(r: redis.Redis) -> None:
+    for script in (scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.RAISE_FENCE):
+        assert r.script_load(script.source) == script.sha.decode()
+
+
+def test_free_lock_goes_to_the_earliest_queued_waiter(r: redis.Redis) -> None:
+    id_c = "c" * 32
+    acquire(r, ID_A)
+    assert acquire(r, ID_B, ticket="1000.5")[0] == 0  # type: ignore[index]
+    assert acquire(r, id_c, ticket="2000")[0] == 0  # type: ignore[index]
+    pubsub = r.pubsub()
+    pubsub.subscribe("chan")
+    pubsub.get_message(timeout=1)
+    release(r, ID_A)
+    message = pubsub.get_message(timeout=1)
+    assert message is not None
+    assert message["data"] == f"n\n{ID_A}\n{ID_B}".encode()  # wakes the head only
+    assert acquire(r, ID_A, ticket="3000") == [0, 0]  # the releaser cannot barge back in
+    assert acquire(r, id_c, ticket="2000") == [0, 0]  # nor can a later waiter
+    assert acquire(r, ID_B, ticket="1000.5")[0] == BASE + 2  # type: ignore[index]
+    assert r.zrange(WAITQ, 0, -1) == [id_c.encode(), ID_A.encode()]
+    pubsub.close()
+
+
+def test_dead_waiters_expire_from_the_queue(r: redis.Redis) -> None:
+    keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
+    acquire(r, ID_A, ttl=100)
+    run(r, scripts.ACQUIRE, keys, [ID_B, 10_000, "1", 50])  # queued, keepalive 50 ms
+    time.sleep(0.2)  # B never comes back; A's lock expired too
+    assert acquire(r, "c" * 32, ticket="5")[0] == BASE + 2  # type: ignore[index]
+    assert r.exists(WAITQ, WAITX) == 0  # empty queues leave no keys behind
+
+
+def test_giving_up_leaves_the_queue_and_wakes_the_next(r: redis.Redis) -> None:
+    acquire(r, ID_A, ttl=100)
+    acquire(r, ID_B, ticket="1")
+    acquire(r, "c" * 32, ticket="2")
+    time.sleep(0.15)  # A expired, B was about to take it but gives up
+    assert release(r, ID_B) == 0
+    assert r.zrange(WAITQ, 0, -1) == [b"c" * 32]

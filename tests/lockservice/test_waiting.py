@@ -1,0 +1,147 @@
+"""Waiting without polling storms: push wake-ups, FIFO turns, bounded commands."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from lockservice import LockHeld, LockManager
+from lockservice.backend import Attempt
+from tests._servers import RedisNode
+
+
+def evalsha_calls(node: RedisNode) -> int:
+    with redis.Redis.from_url(node.url) as r:
+        stats = r.info("commandstats")
+    return sum(int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+async def test_release_wakes_a_waiter_of_another_manager_at_once(
+    redis3: list[RedisNode],
+) -> None:
+    holder_mgr = await LockManager.connect([n.url for n in redis3])
+    waiter_mgr = await LockManager.connect([n.url for n in redis3])
+    try:
+        lease = await holder_mgr.acquire("wait/push", ttl=20.0)
+        loop = asyncio.get_running_loop()
+        waiter = asyncio.create_task(waiter_mgr.acquire("wait/push", ttl=5.0, wait=10.0))
+        await asyncio.sleep(1.5)  # its back-off timer is now long (up to 1.5 s)
+        released_at = loop.time()
+        await holder_mgr.release(lease)
+        got = await waiter
+        latency = loop.time() - released_at
+        assert got.token > lease.token
+        assert latency < 0.1, f"woken after {latency * 1000:.0f} ms: polled, not pushed"
+        await waiter_mgr.release(got)
+    finally:
+        await holder_mgr.close()
+        await waiter_mgr.close()
+
+
+async def test_fifty_waiters_one_release_no_stampede(redis3: list[RedisNode]) -> None:
+    managers = [await LockManager.connect([n.url for n in redis3]) for _ in range(2)]
+    try:
+        lease = await managers[0].acquire("wait/herd", ttl=30.0)
+        tasks = [
+            asyncio.create_task(managers[i % 2].acquire("wait/herd", ttl=30.0, wait=20.0))
+            for i in range(50)
+        ]
+        await asyncio.sleep(2.0)  # every contender's back-off is at its 1 s ceiling
+        for node in redis3:
+            node.command("CONFIG", "RESETSTAT")
+        await managers[0].release(lease)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0.05)
+        calls = [evalsha_calls(node) for node in redis3]
+        assert len(done) == 1
+        # the release, the winner's grant, the other manager's one contender, a poll or two
+        assert max(calls) <= 8, f"script calls per node after one release: {calls}"
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for mgr in managers:
+            await mgr.close()
+
+
+async def test_local_waiters_are_served_in_arrival_order() -> None:
+    mgr = await LockManager.connect([])
+    try:
+        lease = await mgr.acquire("wait/fifo", ttl=10.0)
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            got = await mgr.acquire("wait/fifo", ttl=10.0, wait=10.0)
+            order.append(i)
+            await mgr.release(got)
+
+        tasks = []
+        for i in range(10):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await asyncio.sleep(0.01)
+        await mgr.release(lease)
+        await asyncio.gather(*tasks)
+        assert order == list(range(10))
+    finally:
+        await mgr.close()
+
+
+async def test_release_between_failed_try_and_sleep_is_not_missed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A waiter that subscribed after its failed try would sleep its whole back-off."""
+    monkeypatch.setattr("lockservice.manager._BACKOFF_FIRST", 5.0)
+    mgr = await LockManager.connect([])
+    try:
+        holder = await mgr.acquire("wait/race", ttl=30.0)
+        backend = mgr.backend
+        real_try = backend.try_acquire
+        released = False
+
+        async def try_then_release(name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+            nonlocal released
+            attempt = await real_try(name, lease_id, ttl, ticket)
+            if not attempt.token and not released:
+                released = True
+                await mgr.release(holder)  # lands after the try, before the sleep
+            return attempt
+
+        monkeypatch.setattr(backend, "try_acquire", try_then_release)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        lease = await mgr.acquire("wait/race", ttl=1.0, wait=20.0)
+        assert loop.time() - start < 1.0
+        assert lease.token > holder.token
+    finally:
+        await mgr.close()
+
+
+async def test_wait_bounds_the_total_time(redis3: list[RedisNode]) -> None:
+    mgr = await LockManager.connect([n.url for n in redis3])
+    try:
+        await mgr.acquire("wait/bound", ttl=10.0)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(LockHeld) as info:
+            await mgr.acquire("wait/bound", ttl=1.0, wait=0.4)
+        elapsed = loop.time() - start
+        assert 0.35 < elapsed < 0.7
+        assert 8.0 < info.value.retry_after <= 10.0
+    finally:
+        await mgr.close()
+
+
+async def test_waiter_takes_over_when_the_holder_expires(redis3: list[RedisNode]) -> None:
+    """No release is published on expiry: the waiter sleeps until the holder's TTL ends."""
+    mgr = await LockManager.connect([n.url for n in redis3])
+    try:
+        holder = await mgr.acquire("wait/expiry", ttl=0.5)
+        loop = asyncio.get_running_loop()
+        lease = await mgr.acquire("wait/expiry", ttl=1.0, wait=5.0)
+        late = loop.time() - holder.valid_until
+        assert late < 0.15, f"took over {late * 1000:.0f} ms after the holder expired"
+        assert lease.token > holder.token
+    finally:
+        await mgr.close()
