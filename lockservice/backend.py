@@ -49,8 +49,9 @@ class Backend(Protocol):
         under cancellation."""
         ...
 
-    async def extend(self, name: str, lease_id: str, ttl: float) -> float:
-        """Return the new ``valid_until``; raise ``LeaseLost`` or ``QuorumUnavailable``."""
+    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
+        """Return the new ``valid_until`` and the lease's token; raise ``LeaseLost`` or
+        ``QuorumUnavailable``."""
         ...
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:

@@ -225,7 +225,7 @@ class LockManager:
             self.events.renewed("lost")
             raise LeaseLost(lease.name, "it expired before the extend")
         try:
-            valid_until = await self._backend.extend(lease.name, lease.lease_id, ttl)
+            valid_until, token = await self._backend.extend(lease.name, lease.lease_id, ttl)
         except LeaseLost:
             self.events.renewed("lost")
             raise
@@ -234,7 +234,23 @@ class LockManager:
             self.events.quorum_failed("extend")
             raise
         self.events.renewed("ok")
-        return Lease(lease.name, lease.token, lease.lease_id, valid_until, lease.issuer)
+        return Lease(lease.name, token, lease.lease_id, valid_until, lease.issuer)
+
+    @staticmethod
+    def handle(name: str, lease_id: str) -> Lease:
+        """A lease known only by name and id (e.g. from an HTTP request).
+
+        ``extend`` of it returns the real token and deadline; its ``release`` always
+        waits for the nodes' answer, since nothing local says it is still valid.
+        """
+        validate_name(name)
+        if not (isinstance(lease_id, str) and len(lease_id) == 32):
+            raise ValueError(f"lease id {lease_id!r} is not 32 hexadecimal characters")
+        try:
+            int(lease_id, 16)
+        except ValueError:
+            raise ValueError(f"lease id {lease_id!r} is not 32 hexadecimal characters") from None
+        return Lease(name, 0, lease_id, float("inf"))
 
     async def release(self, lease: Lease) -> None:
         """Release the lease; the release goes out even if this call is cancelled.

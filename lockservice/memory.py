@@ -73,13 +73,13 @@ class MemoryBackend:
             del self._locks[name]
             self.waiters.wake(name)
 
-    async def extend(self, name: str, lease_id: str, ttl: float) -> float:
+    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
         held = self._holder(name)
         if held is None or held[0] != lease_id:
             raise LeaseLost(name, "it expired or another lease holds it")
         valid_until = asyncio.get_running_loop().time() + ttl
         self._locks[name] = (lease_id, held[1], valid_until)
-        return valid_until
+        return valid_until, held[1]
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         held = self._holder(name)

@@ -194,15 +194,15 @@ class Redlock:
             if any(g != token for g in grants) and not await self._raise_fence(
                 name, lease_id, token
             ):
-                self.abandon(name, lease_id)
+                self._undo(name, lease_id, leave_queue=False)
                 return None
             valid_until = start + ttl - drift(ttl)
             if valid_until > loop.time():
                 return Attempt(token, valid_until, 0.0)
-            self.abandon(name, lease_id)
+            self._undo(name, lease_id, leave_queue=False)
             return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
         if grants:
-            self.abandon(name, lease_id)
+            self._undo(name, lease_id, leave_queue=False)
         if busy and len(grants) + len(busy) >= self.quorum:
             # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
             return Attempt(0, 0.0, max(busy) / 1000)
@@ -221,26 +221,30 @@ class Redlock:
         return sum(good(r) for r in replies) >= self.quorum
 
     def abandon(self, name: str, lease_id: str) -> None:
+        self._undo(name, lease_id, leave_queue=True)
+
+    def _undo(self, name: str, lease_id: str, *, leave_queue: bool) -> None:
         # Sent on each node's connection after the acquire, so it runs after it.
         keys = (_lock_key(name), *_queue_keys(name))
+        args = (lease_id, RELEASE_CHANNEL, name, "1" if leave_queue else "0")
         for node in self.nodes:
-            node.call(scripts.RELEASE, keys, (lease_id, RELEASE_CHANNEL, name))
+            node.call(scripts.RELEASE, keys, args)
 
-    async def extend(self, name: str, lease_id: str, ttl: float) -> float:
+    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
         loop = asyncio.get_running_loop()
         start = loop.time()
         futures = self._call_all(scripts.EXTEND, (_lock_key(name),), (lease_id, int(ttl * 1000)))
-        replies = await self._round(futures, self._decider(_one))
-        ok = sum(_one(r) for r in replies)
-        if ok >= self.quorum:
-            return start + ttl - drift(ttl)
+        replies = await self._round(futures, self._decider(_positive))
+        tokens = [r for r in replies if _positive(r)]
+        if len(tokens) >= self.quorum:
+            return start + ttl - drift(ttl), max(tokens)
         if sum(r == 0 for r in replies) > len(self.nodes) - self.quorum:
             raise LeaseLost(name, "it expired or another lease holds it")
-        raise QuorumUnavailable(name, self._errors(replies, _one), self.quorum)
+        raise QuorumUnavailable(name, self._errors(replies, _positive), self.quorum)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         keys = (_lock_key(name), *_queue_keys(name))
-        futures = self._call_all(scripts.RELEASE, keys, (lease_id, RELEASE_CHANNEL, name))
+        futures = self._call_all(scripts.RELEASE, keys, (lease_id, RELEASE_CHANNEL, name, "1"))
         if not confirm:
             return True
         replies = await self._round(futures, self._decider(_one))
@@ -301,6 +305,10 @@ def _answered(reply: Reply) -> bool:
 
 def _granted(reply: Reply) -> bool:
     return _answered(reply) and int(reply[0]) > 0
+
+
+def _positive(reply: Reply) -> bool:
+    return isinstance(reply, int) and reply > 0
 
 
 def _one(reply: Reply) -> bool:

@@ -1,6 +1,8 @@
 --[[ release: delete lock:{name} if lease_id holds it, leave the wait queue, wake the next.
   KEYS[1] lock:{name}  KEYS[2] waitq:{name}  KEYS[3] waitx:{name}
   ARGV[1] lease_id  ARGV[2] release channel  ARGV[3] name
+  ARGV[4] '1' to leave the wait queue too, '0' to keep the waiter's place (undoing
+          a partial grant between two tries)
   Returns 1 when deleted, 0 when the lock is absent or held by another lease.
   Publishes "<name>\n<lease_id>\n<next waiter or empty>" when the lock became free,
   so that only the next waiter's process tries (an empty next wakes every waiter).
@@ -13,8 +15,11 @@ if current and string.sub(current, 1, #id + 1) == id .. ':' then
   redis.call('DEL', KEYS[1])
   deleted = 1
 end
-local queued = redis.call('ZREM', KEYS[2], id)
-redis.call('ZREM', KEYS[3], id)
+local queued = 0
+if ARGV[4] == '1' then
+  queued = redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+end
 if deleted == 1 or (queued == 1 and not current) then
   local head = ''
   if redis.call('EXISTS', KEYS[3]) == 1 then

@@ -194,3 +194,18 @@ async def test_watchdog_reports_a_lost_lease_to_the_holder(make_manager: MakeMan
     with pytest.raises(LeaseLost):
         await holder()
     assert not reached_end
+
+
+async def test_a_handle_by_name_and_id_extends_and_releases(make_manager: MakeManager) -> None:
+    """What a stateless gateway does: it knows only the name and the lease id."""
+    mgr = await make_manager()
+    lease = await mgr.acquire("inv/handle", ttl=1.0)
+    renewed = await mgr.extend(mgr.handle("inv/handle", lease.lease_id), ttl=5.0)
+    assert renewed.token == lease.token
+    with pytest.raises(LeaseLost):
+        await mgr.release(mgr.handle("inv/handle", "f" * 32))
+    await mgr.release(mgr.handle("inv/handle", lease.lease_id))
+    with pytest.raises(LeaseLost):
+        await mgr.release(mgr.handle("inv/handle", lease.lease_id))
+    with pytest.raises(ValueError, match="lease id"):
+        mgr.handle("inv/handle", "not-hex")

@@ -34,8 +34,8 @@ def acquire(r: redis.Redis, lease_id: str, ttl: int = 10_000, ticket: str = "") 
     return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000])
 
 
-def release(r: redis.Redis, lease_id: str) -> object:
-    return run(r, scripts.RELEASE, [LOCK, WAITQ, WAITX], [lease_id, "chan", "n"])
+def release(r: redis.Redis, lease_id: str, leave_queue: str = "1") -> object:
+    return run(r, scripts.RELEASE, [LOCK, WAITQ, WAITX], [lease_id, "chan", "n", leave_queue])
 
 
 def test_acquire_grants_and_issues_token_above_base(r: redis.Redis) -> None:
@@ -87,7 +87,7 @@ def test_release_only_by_owner_publishes_and_keeps_counter(r: redis.Redis) -> No
 def test_extend_only_by_owner_and_never_recreates(r: redis.Redis) -> None:
     acquire(r, ID_A, 1_000)
     assert run(r, scripts.EXTEND, [LOCK], [ID_B, 60_000]) == 0
-    assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == 1
+    assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == BASE + 1  # the lease's token
     assert r.pttl(LOCK) > 50_000
     r.delete(LOCK)
     assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == 0
@@ -171,3 +171,12 @@ def test_giving_up_leaves_the_queue_and_wakes_the_next(r: redis.Redis) -> None:
     time.sleep(0.15)  # A expired, B was about to take it but gives up
     assert release(r, ID_B) == 0
     assert r.zrange(WAITQ, 0, -1) == [b"c" * 32]
+
+
+def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
+    acquire(r, ID_A, ticket="1")
+    acquire(r, ID_B, ticket="2")  # queued behind A's hold
+    assert release(r, ID_B, leave_queue="0") == 0
+    assert r.zrange(WAITQ, 0, -1) == [ID_B.encode()]
+    assert release(r, ID_B, leave_queue="1") == 0
+    assert r.exists(WAITQ) == 0
