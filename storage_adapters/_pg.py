@@ -1,0 +1,256 @@
+"""PostgreSQL plumbing shared by ``postgres.py`` and ``postgres_legacy.py``.
+
+The pool, fencegate's own tables, the mark SQL, and the one place where
+asyncpg and OS errors become ``StorageError`` s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final
+
+import asyncpg
+
+from storage_adapters.base import NO_HOOKS, FencedStore, StoreHooks
+from storage_adapters.errors import BadValue, StaleToken, StorageError, StorageUnavailable
+
+__all__ = [
+    "PgStoreBase",
+    "ensure_tables",
+    "fence_ddl",
+    "pg_errors",
+    "quote_ident",
+    "raise_mark_sql",
+]
+
+log = logging.getLogger(__name__)
+
+# Serialises fencegate's DDL across processes that start at the same time (any value
+# works as long as every fencegate uses the same one): b"fencegat" as a bigint.
+_DDL_LOCK_KEY: Final = int.from_bytes(b"fencegat", "big", signed=True)
+
+# SQLSTATE classes that say "the server or the connection cannot serve this now".
+_UNAVAILABLE_CLASSES: Final = frozenset({"08", "40", "53", "55", "57", "58", "XX"})
+# SQLSTATE classes that say "this value cannot be stored" (data exception, constraint).
+_BAD_VALUE_CLASSES: Final = frozenset({"22", "23"})
+
+
+def quote_ident(name: str) -> str:
+    """Quote an identifier for SQL (as PostgreSQL's ``quote_ident``, always quoting)."""
+    if "\x00" in name:
+        raise ValueError(f"identifier {name!r} contains NUL")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def fence_ddl(schema_q: str) -> str:
+    return (
+        f"CREATE TABLE {schema_q}.fencegate_fence ("
+        " scope text PRIMARY KEY,"
+        " token bigint NOT NULL,"
+        " updated_at timestamptz NOT NULL DEFAULT now())"
+    )
+
+
+def raise_mark_sql(schema_q: str, scope: str = "$1", token: str = "$2") -> str:
+    """The fence check: returns the token when accepted (mark raised or equal), else no row.
+
+    ``ON CONFLICT DO UPDATE`` locks the fence row even when its ``WHERE`` fails and
+    re-reads the newest committed version after waiting, so concurrent writers of one
+    scope queue on that row lock until the writer ahead of them commits.
+    """
+    return (
+        f"INSERT INTO {schema_q}.fencegate_fence AS f (scope, token, updated_at)"
+        f" VALUES ({scope}::text, {token}::bigint, now())"
+        " ON CONFLICT (scope) DO UPDATE"
+        " SET token = EXCLUDED.token, updated_at = EXCLUDED.updated_at"
+        " WHERE f.token <= EXCLUDED.token"
+        " RETURNING f.token"
+    )
+
+
+async def ensure_tables(conn: Any, schema: str, tables: Mapping[str, str]) -> None:
+    """Create the schema and each missing table, under an advisory lock.
+
+    Checking the catalog first means no DDL (and no CREATE privilege) is needed
+    when the tables exist; the transaction-scoped advisory lock makes two
+    processes that start at once take turns instead of failing on a duplicate.
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _DDL_LOCK_KEY)
+        found = await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema)
+        if not found:
+            log.info("creating schema %r", schema)
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+        rows = await conn.fetch(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = $1 AND c.relname = ANY($2::text[])",
+            schema,
+            list(tables),
+        )
+        existing = {row["relname"] for row in rows}
+        for table, ddl in tables.items():
+            if table not in existing:
+                log.info("creating table %s.%s", schema, table)
+                await conn.execute(ddl)
+
+
+def _translate(store: str, exc: BaseException) -> StorageError:
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        text = f"{exc} (SQLSTATE {state})" if state else str(exc)
+        if state[:2] in _UNAVAILABLE_CLASSES or isinstance(exc, asyncpg.PostgresConnectionError):
+            return StorageUnavailable(store, text)
+        if state[:2] in _BAD_VALUE_CLASSES:
+            return BadValue(f"store {store!r} refused the value: {text}")
+        return StorageError(f"store {store!r}: PostgreSQL error: {text}")
+    if isinstance(exc, asyncpg.InterfaceError) and isinstance(exc, ValueError):
+        # Client-side argument encoding failed (or a malformed DSN): not a reachability issue.
+        return BadValue(f"store {store!r} cannot encode the value: {exc}")
+    if isinstance(exc, TimeoutError):
+        return StorageUnavailable(store, "timed out")
+    return StorageUnavailable(store, f"{type(exc).__name__}: {exc}")
+
+
+@contextmanager
+def pg_errors(store: str, *, values: bool = True) -> Iterator[None]:
+    """Turn asyncpg and OS errors into ``StorageError`` s at the package edge.
+
+    With ``values=False`` (start-up DDL and catalog queries, which carry no client
+    value) a data or constraint error is a plain ``StorageError``, not ``BadValue``.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.exceptions.InternalClientError,
+        OSError,
+        TimeoutError,
+    ) as exc:
+        error = _translate(store, exc)
+        if isinstance(error, BadValue) and not values:
+            error = StorageError(f"store {store!r}: {exc}")
+        raise error from exc
+
+
+class PgStoreBase(FencedStore):
+    """A fenced store over one asyncpg pool; subclasses create their tables in ``_prepare``."""
+
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        *,
+        schema: str = "public",
+        pool_min: int = 1,
+        pool_max: int = 10,
+        hooks: StoreHooks = NO_HOOKS,
+        acquire_timeout: float = 5.0,
+        command_timeout: float | None = 10.0,
+        connect_timeout: float = 5.0,
+        server_settings: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(name, hooks=hooks)
+        if not 0 <= pool_min <= pool_max or pool_max < 1:
+            raise ValueError(
+                f"store {name!r}: pool_min {pool_min!r} and pool_max {pool_max!r}"
+                " need 0 <= pool_min <= pool_max and pool_max >= 1"
+            )
+        self.schema = schema
+        self._schema_q = quote_ident(schema)
+        self._dsn = dsn
+        self._pool_min = pool_min
+        self._pool_max = pool_max
+        self._acquire_timeout = acquire_timeout
+        self._command_timeout = command_timeout
+        self._connect_timeout = connect_timeout
+        defaults = {} if "application_name" in dsn else {"application_name": "fencegate"}
+        # The fencing statements rely on READ COMMITTED: a fresh snapshot per statement,
+        # and ON CONFLICT re-checking the newest row version after a lock wait (under
+        # REPEATABLE READ or SERIALIZABLE concurrent writers of a scope would fail instead).
+        self._server_settings = {
+            **defaults,
+            **(server_settings or {}),
+            "default_transaction_isolation": "read committed",
+        }
+        self._pool: Any = None
+        self._start_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._pool is not None:
+                return
+            with pg_errors(self.name):
+                pool = await asyncpg.create_pool(
+                    self._dsn,
+                    min_size=self._pool_min,
+                    max_size=self._pool_max,
+                    timeout=self._connect_timeout,
+                    command_timeout=self._command_timeout,
+                    server_settings=self._server_settings,
+                )
+            try:
+                with pg_errors(self.name, values=False):
+                    async with pool.acquire(timeout=self._acquire_timeout) as conn:
+                        await self._prepare(conn)
+            except BaseException:
+                await asyncio.shield(pool.close())
+                raise
+            self._pool = pool
+            log.info("store %r (%s) started", self.name, self.kind)
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            await asyncio.wait_for(pool.close(), timeout=10.0)
+        except TimeoutError:
+            log.warning("store %r: pool did not close in 10 s; terminating", self.name)
+            pool.terminate()
+
+    async def ping(self) -> None:
+        async with self._conn() as conn:
+            await conn.fetchval("SELECT 1")
+
+    @abstractmethod
+    async def _prepare(self, conn: Any) -> None:
+        """Create fencegate's tables and check the catalog, on one connection."""
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Any]:
+        """A pooled connection, with errors from inside the block translated.
+
+        asyncpg replaces a connection that the server closed (restart,
+        ``pg_terminate_backend``) when it goes back to the pool, so the pool
+        recovers by itself; the call that met the dead connection fails with
+        ``StorageUnavailable``.
+        """
+        pool = self._require_started()
+        with pg_errors(self.name):
+            async with pool.acquire(timeout=self._acquire_timeout) as conn:
+                yield conn
+
+    def _require_started(self) -> Any:
+        if self._pool is None:
+            raise StorageUnavailable(self.name, "the store is not started or was closed")
+        return self._pool
+
+    async def _stale(self, conn: Any, scope: str, token: int) -> StaleToken:
+        """The error for a rejected token, with the mark as it is now (the reject path only)."""
+        high_water = await conn.fetchval(
+            f"SELECT token FROM {self._schema_q}.fencegate_fence WHERE scope = $1", scope
+        )
+        return StaleToken(token, int(high_water or 0), scope=scope)
+
+    async def _raise_mark(self, conn: Any, scope: str, token: int) -> None:
+        """Raise the mark of ``scope`` to ``token`` (committed with the caller's transaction)."""
+        accepted = await conn.fetchval(raise_mark_sql(self._schema_q), scope, token)
+        if accepted is None:
+            raise await self._stale(conn, scope, token)

@@ -1,0 +1,275 @@
+"""The adapter interface: one ``FencedStore`` subclass per kind of storage.
+
+Fencing, as every adapter implements it for a fence ``scope`` (the lock name,
+by default ``{store}/{key}``)::
+
+    accept iff token >= high_water[scope]; then high_water[scope] = token; then write
+
+atomically with respect to every other writer of that scope, through any
+process. A rejected write applies nothing and raises ``StaleToken``. A read
+that carries a token (a *fenced read*) is refused the same way and otherwise
+raises the mark before it reads, so that a holder that read, paused and lost
+its lease cannot write back over what the next holder read::
+
+    holder 1 (token 7): get(token=7) -> v0 ............ pause ........ put(7, v0+1) -> StaleToken
+    holder 2 (token 8):                  get(token=8) -> v0 (mark = 8)   put(8, v0+1) -> ok
+
+``token=None`` switches fencing off for one call: the same path without the
+check and without touching the mark (the benchmark baseline).
+
+A new backend is one module: subclass ``FencedStore``, set ``kind``, and
+implement ``start``, ``close``, ``ping``, ``_put``, ``_get`` and ``_delete``;
+``put``, ``get`` and ``delete`` here validate the arguments and report to the
+hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import ClassVar, Final, Protocol, Self, TypeVar
+
+from storage_adapters.errors import BadValue, StaleToken
+
+__all__ = [
+    "DEFAULT_CONTENT_TYPE",
+    "MAX_TOKEN",
+    "NO_HOOKS",
+    "FencedStore",
+    "NoHooks",
+    "Record",
+    "StoreHooks",
+    "validate_key",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
+MAX_TOKEN: Final = 2**63 - 1  # PostgreSQL bigint
+_MAX_SCOPE: Final = 1024
+_KEY_RE: Final = re.compile(r"[A-Za-z0-9._~:/-]{1,512}")
+_CONTENT_TYPE_RE: Final = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is 1-512 characters of ``A-Z a-z 0-9 . _ ~ : / -``.
+
+    Raises:
+        BadValue: the key is empty, too long or has another character.
+    """
+    if not isinstance(key, str) or _KEY_RE.fullmatch(key) is None:
+        raise BadValue(
+            f"key {key!r} is not 1-512 characters of A-Z a-z 0-9 . _ ~ : / -", key=str(key)
+        )
+    return key
+
+
+def _validate_token(token: int | None) -> None:
+    if token is None:
+        return
+    # bool is an int; a True token is a bug in the caller, not token 1.
+    if not isinstance(token, int) or isinstance(token, bool) or not 1 <= token <= MAX_TOKEN:
+        raise BadValue(f"token {token!r} is not a positive 64-bit integer")
+
+
+def _validate_scope(scope: str) -> None:
+    if not isinstance(scope, str) or not 1 <= len(scope) <= _MAX_SCOPE or "\x00" in scope:
+        raise BadValue(f"fence scope {scope!r} is not 1-{_MAX_SCOPE} characters without NUL")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What a read returns: the body, and the token of the last accepted write of the key."""
+
+    body: bytes
+    token: int | None
+    content_type: str
+
+
+class StoreHooks(Protocol):
+    """Where a store reports what happens (``gateway/metrics.py`` implements it).
+
+    Every method must be cheap and must not raise.
+    """
+
+    def write_done(self, store: str, seconds: float, ok: bool) -> None:
+        """A put or delete ended: ok, or failed (rejected, bad value, unavailable)."""
+
+    def rejected(self, store: str, reason: str) -> None:
+        """A write or fenced read was refused by fencing; reason is ``stale_token``."""
+
+
+class NoHooks:
+    """The default: report nothing."""
+
+    def write_done(self, store: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def rejected(self, store: str, reason: str) -> None:
+        pass
+
+
+NO_HOOKS: Final[StoreHooks] = NoHooks()
+
+
+class FencedStore(ABC):
+    """A storage that applies a write only if its fencing token is not stale."""
+
+    kind: ClassVar[str]
+    """``postgres``, ``postgres_legacy`` or ``files``."""
+
+    def __init__(self, name: str, *, hooks: StoreHooks = NO_HOOKS) -> None:
+        self.name = name
+        self.hooks = hooks
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Connect, create fencegate's own tables or folders if missing, clean leftovers.
+
+        Idempotent, and safe when several processes start at once.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections; calls after this raise ``StorageUnavailable``."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Return if the storage answers (for ``/readyz``).
+
+        Raises:
+            StorageUnavailable: it does not.
+        """
+
+    async def put(
+        self,
+        scope: str,
+        key: str,
+        token: int | None,
+        body: bytes,
+        *,
+        content_type: str = DEFAULT_CONTENT_TYPE,
+    ) -> int | None:
+        """Write ``body`` at ``key`` if ``token`` is not older than the mark of ``scope``.
+
+        Args:
+            scope: the fence scope (the lock name).
+            key: the store key, see ``validate_key``.
+            token: the fencing token, or None to write without fencing.
+            body: the bytes to keep.
+            content_type: kept with the body and returned by ``get``.
+
+        Returns:
+            The token.
+
+        Raises:
+            StaleToken: a newer token was seen for ``scope``; nothing was written.
+            BadValue: the key, token or body cannot be stored.
+            StorageUnavailable: the storage failed; the write may or may not have happened.
+        """
+        self._check(scope, key, token)
+        if not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type):
+            raise BadValue(f"content type {content_type!r} is not 1-255 printable ASCII characters")
+        return await self._timed(self._put(scope, key, token, bytes(body), content_type))
+
+    async def get(self, scope: str, key: str, token: int | None) -> Record:
+        """Read ``key``; with a token, a fenced read that first raises the mark of ``scope``.
+
+        Raises:
+            StaleToken: (fenced read) a newer token was seen for ``scope``.
+            NotFound: the key does not exist (checked after the fence).
+            BadValue: the key or token is malformed.
+            StorageUnavailable: the storage failed.
+        """
+        self._check(scope, key, token)
+        try:
+            return await self._get(scope, key, token)
+        except StaleToken:
+            self._notify_rejected()
+            raise
+
+    async def delete(self, scope: str, key: str, token: int | None) -> None:
+        """Delete ``key``, fenced like ``put``; a missing key is not an error.
+
+        The fence check and the mark update happen even when the key is missing.
+
+        Raises:
+            StaleToken: a newer token was seen for ``scope``; nothing was deleted.
+            BadValue: the key or token is malformed.
+            StorageUnavailable: the storage failed.
+        """
+        self._check(scope, key, token)
+        await self._timed(self._delete(scope, key, token))
+
+    @abstractmethod
+    async def _put(
+        self, scope: str, key: str, token: int | None, body: bytes, content_type: str
+    ) -> int | None:
+        """Check and write atomically; arguments are already validated."""
+
+    @abstractmethod
+    async def _get(self, scope: str, key: str, token: int | None) -> Record:
+        """Fenced (token) or plain (None) read; arguments are already validated."""
+
+    @abstractmethod
+    async def _delete(self, scope: str, key: str, token: int | None) -> None:
+        """Check and delete atomically; arguments are already validated."""
+
+    def _check(self, scope: str, key: str, token: int | None) -> None:
+        _validate_scope(scope)
+        validate_key(key)
+        _validate_token(token)
+
+    async def _timed(self, write: Awaitable[T]) -> T:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        ok = False
+        try:
+            result = await write
+            ok = True
+            return result
+        except StaleToken:
+            self._notify_rejected()
+            raise
+        finally:
+            if not _cancelled():
+                self._notify_write(loop.time() - started, ok)
+
+    def _notify_write(self, seconds: float, ok: bool) -> None:
+        try:
+            self.hooks.write_done(self.name, seconds, ok)
+        except Exception:  # a metrics bug must not turn a done write into an error
+            log.exception("store hook write_done failed")
+
+    def _notify_rejected(self) -> None:
+        try:
+            self.hooks.rejected(self.name, "stale_token")
+        except Exception:  # see _notify_write
+            log.exception("store hook rejected failed")
+
+
+def _cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

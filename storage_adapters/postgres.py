@@ -1,0 +1,160 @@
+"""A key-value store owned by fencegate, in PostgreSQL, fenced by the mark table.
+
+Tables (created by ``start`` in ``schema`` when missing)::
+
+    fencegate_fence(scope text PRIMARY KEY, token bigint NOT NULL, updated_at timestamptz)
+    fencegate_kv(store text, key text, value bytea, content_type text, token bigint,
+                 updated_at timestamptz, PRIMARY KEY (store, key))
+
+How each call reaches the server (all prepared statements, cached by asyncpg):
+
+* ``put``: ONE statement. A data-modifying CTE upserts the fence row with
+  ``ON CONFLICT ... WHERE fencegate_fence.token <= EXCLUDED.token`` and the kv
+  upsert selects from it, so the kv row is written only when the fence row
+  was; the fence row lock, held until commit, queues every other writer of the
+  scope through any gateway. Only when nothing was written a second query
+  reads the mark for ``StaleToken``.
+* fenced ``get``: two statements, raise the mark, then read. Not one: in READ
+  COMMITTED a statement reads with the snapshot taken when it *started*, so a
+  fenced read that waited on the fence row lock of an in-flight write would
+  raise the mark after that write committed but return the value from before
+  it, and the reader's next write would silently overwrite it (the lost
+  update that fenced reads exist to prevent). The second statement's snapshot
+  is taken after the mark is raised, so it sees every write accepted before.
+* fenced ``delete``: one short transaction, raise the mark, then delete, for
+  the same reason (a DELETE does not see a row inserted by a writer it waited
+  for), with the fence row locked until the delete commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, raise_mark_sql
+from storage_adapters.base import NO_HOOKS, Record, StoreHooks
+from storage_adapters.errors import NotFound
+
+__all__ = ["PostgresStore"]
+
+_KV: Final = "fencegate_kv"
+
+
+class PostgresStore(PgStoreBase):
+    """A key-value store in fencegate's own table, one row per ``(store, key)``.
+
+    Args:
+        name: the store name (``[stores.<name>]``), also the ``store`` column.
+        dsn: a libpq connection string or URL.
+        schema: where ``fencegate_fence`` and ``fencegate_kv`` live (created if missing).
+        pool_min, pool_max: asyncpg pool bounds.
+        hooks: metrics hooks.
+        acquire_timeout: seconds to wait for a pooled connection.
+        command_timeout: seconds one statement may run; None for no limit.
+        connect_timeout: seconds to open one connection.
+        server_settings: session settings; ``application_name`` is ``fencegate`` unless
+            set here or in the DSN; ``default_transaction_isolation`` is always READ COMMITTED.
+    """
+
+    kind = "postgres"
+
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        *,
+        schema: str = "public",
+        pool_min: int = 1,
+        pool_max: int = 10,
+        hooks: StoreHooks = NO_HOOKS,
+        acquire_timeout: float = 5.0,
+        command_timeout: float | None = 10.0,
+        connect_timeout: float = 5.0,
+        server_settings: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            dsn,
+            schema=schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            hooks=hooks,
+            acquire_timeout=acquire_timeout,
+            command_timeout=command_timeout,
+            connect_timeout=connect_timeout,
+            server_settings=server_settings,
+        )
+        s = self._schema_q
+        kv = f"{s}.{_KV}"
+        on_conflict = (
+            " ON CONFLICT (store, key) DO UPDATE SET value = EXCLUDED.value,"
+            " content_type = EXCLUDED.content_type, token = EXCLUDED.token,"
+            " updated_at = EXCLUDED.updated_at"
+            " RETURNING kv.token"
+        )
+        # $1 scope, $2 store, $3 token, $4 key, $5 body, $6 content type. The kv row is
+        # written only if the fence CTE returned a row, i.e. the token was accepted.
+        self._put_sql = (
+            f"WITH fence AS ({raise_mark_sql(s, '$1', '$3')})"
+            f" INSERT INTO {kv} AS kv (store, key, value, content_type, token, updated_at)"
+            " SELECT $2::text, $4::text, $5::bytea, $6::text, fence.token, now() FROM fence"
+            + on_conflict
+        )
+        # The baseline: the same upsert without the fence. $1 store, $2 key, $3 body, $4 type.
+        self._put_unfenced_sql = (
+            f"INSERT INTO {kv} AS kv (store, key, value, content_type, token, updated_at)"
+            " VALUES ($1::text, $2::text, $3::bytea, $4::text, NULL, now())" + on_conflict
+        )
+        self._get_sql = (
+            f"SELECT value, content_type, token FROM {s}.{_KV} WHERE store = $1 AND key = $2"
+        )
+        self._delete_sql = f"DELETE FROM {s}.{_KV} WHERE store = $1 AND key = $2"
+
+    async def _prepare(self, conn: object) -> None:
+        s = self._schema_q
+        kv_ddl = (
+            f"CREATE TABLE {s}.{_KV} ("
+            " store text NOT NULL,"
+            " key text NOT NULL,"
+            " value bytea NOT NULL,"
+            " content_type text NOT NULL,"
+            " token bigint,"
+            " updated_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (store, key))"
+        )
+        await ensure_tables(conn, self.schema, {"fencegate_fence": fence_ddl(s), _KV: kv_ddl})
+
+    async def _put(
+        self, scope: str, key: str, token: int | None, body: bytes, content_type: str
+    ) -> int | None:
+        async with self._conn() as conn:
+            if token is None:
+                await conn.fetchrow(self._put_unfenced_sql, self.name, key, body, content_type)
+                return None
+            row = await conn.fetchrow(
+                self._put_sql, scope, self.name, token, key, body, content_type
+            )
+            if row is None:
+                raise await self._stale(conn, scope, token)
+        return token
+
+    async def _get(self, scope: str, key: str, token: int | None) -> Record:
+        async with self._conn() as conn:
+            if token is not None:
+                # Its own statement, committed before the read starts: see the module doc.
+                await self._raise_mark(conn, scope, token)
+            row = await conn.fetchrow(self._get_sql, self.name, key)
+        if row is None:
+            raise NotFound(self.name, key)
+        return Record(
+            body=bytes(row["value"]), token=row["token"], content_type=row["content_type"]
+        )
+
+    async def _delete(self, scope: str, key: str, token: int | None) -> None:
+        async with self._conn() as conn:
+            if token is None:
+                await conn.execute(self._delete_sql, self.name, key)
+                return
+            async with conn.transaction():
+                await self._raise_mark(conn, scope, token)
+                await conn.execute(self._delete_sql, self.name, key)

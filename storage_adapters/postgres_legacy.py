@@ -1,0 +1,299 @@
+"""An existing PostgreSQL table, protected as it is: one row per key, fenced.
+
+The table is not changed: fencegate keeps the marks in ``fencegate_fence`` and
+the token of each key's last accepted write in ``fencegate_legacy_token``
+(both in ``fence_schema``), written in the same statement as the row.
+
+* ``put`` body: a JSON object of column values, e.g. ``{"balance": "10.50"}``.
+  Only the columns present are written (others keep their value, or their
+  default on insert); ``null`` stores NULL. PostgreSQL converts each value to
+  its column's type (``jsonb_to_record`` with the catalog types), so a value
+  the type rejects fails the whole statement: nothing is written.
+* ``get`` body: the row as a JSON object (key column and configured columns;
+  numbers stay JSON numbers, dates and timestamps become ISO strings, as
+  PostgreSQL's ``row_to_json`` renders them), ``application/json``.
+
+Identifiers in SQL are only those found in the catalog by ``start``, always
+quoted; values and keys are always bound parameters. Fenced reads and deletes
+use two statements for the reason given in ``postgres.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, quote_ident, raise_mark_sql
+from storage_adapters.base import NO_HOOKS, Record, StoreHooks
+from storage_adapters.errors import BadValue, NotFound, TableMismatch
+
+__all__ = ["PostgresLegacyStore"]
+
+_TOKENS: Final = "fencegate_legacy_token"
+_JSON: Final = "application/json"
+
+_COLUMNS_SQL: Final = (
+    "SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS full_type,"
+    " format_type(a.atttypid, -1) AS base_type, a.attgenerated <> '' AS generated,"
+    " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisunique"
+    "   AND i.indimmediate AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL"
+    "   AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum) AS unique_key"
+    " FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    quoted: str
+    full_type: str  # with typmod, e.g. numeric(12,2): what a written value must fit
+    base_type: str  # without typmod: for casting a key without truncating it
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class PostgresLegacyStore(PgStoreBase):
+    """An existing table, with ``key_column`` as the key and ``columns`` writable.
+
+    Args:
+        name: the store name.
+        dsn: a libpq connection string or URL.
+        table: the table name (not quoted, as in the catalog).
+        key_column: a column with a single-column unique index or constraint.
+        columns: the columns a client may write (and reads return).
+        schema: the table's schema.
+        fence_schema: where fencegate's tables live; the table's schema by default.
+        The other options are those of ``PostgresStore``.
+    """
+
+    kind = "postgres_legacy"
+
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        *,
+        table: str,
+        key_column: str,
+        columns: Sequence[str],
+        schema: str = "public",
+        fence_schema: str | None = None,
+        pool_min: int = 1,
+        pool_max: int = 10,
+        hooks: StoreHooks = NO_HOOKS,
+        acquire_timeout: float = 5.0,
+        command_timeout: float | None = 10.0,
+        connect_timeout: float = 5.0,
+        server_settings: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            dsn,
+            schema=fence_schema or schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            hooks=hooks,
+            acquire_timeout=acquire_timeout,
+            command_timeout=command_timeout,
+            connect_timeout=connect_timeout,
+            server_settings=server_settings,
+        )
+        columns = list(columns)
+        for label, value in [("table", table), ("key_column", key_column)] + [
+            ("columns", c) for c in columns
+        ]:
+            if not isinstance(value, str) or not value or "\x00" in value:
+                raise ValueError(f"store {name!r}: {label} has value {value!r}; not a name")
+        if key_column in columns:
+            raise ValueError(
+                f"store {name!r}: columns has value {columns!r}; the key column"
+                f" {key_column!r} comes from the URL and cannot be listed"
+            )
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"store {name!r}: columns has value {columns!r}; a name repeats")
+        self.table_schema = schema
+        self.table = table
+        self.key_column = key_column
+        self.columns: tuple[str, ...] = tuple(columns)
+        self._table_q = f"{quote_ident(schema)}.{quote_ident(table)}"
+        self._tokens_q = f"{self._schema_q}.{_TOKENS}"
+        self._catalog: dict[str, _Column] = {}
+        self._put_cache: dict[tuple[bool, tuple[str, ...]], str] = {}
+        self._get_sql = ""
+        self._delete_sql = ""
+
+    async def _prepare(self, conn: Any) -> None:
+        tokens_ddl = (
+            f"CREATE TABLE {self._tokens_q} ("
+            " store text NOT NULL, key text NOT NULL, token bigint,"
+            " PRIMARY KEY (store, key))"
+        )
+        await ensure_tables(
+            conn, self.schema, {"fencegate_fence": fence_ddl(self._schema_q), _TOKENS: tokens_ddl}
+        )
+        self._catalog = await self._check_catalog(conn)
+        self._build_sql()
+
+    async def _check_catalog(self, conn: Any) -> dict[str, _Column]:
+        """Find the table and its columns in the catalog; name everything that is missing."""
+        where = f"{self.table_schema}.{self.table}"
+        rel = await conn.fetchrow(
+            "SELECT c.oid, c.relkind::text AS relkind"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = $1 AND c.relname = $2",
+            self.table_schema,
+            self.table,
+        )
+        if rel is None:
+            raise TableMismatch(self.name, where, [f"table {where!r} does not exist"])
+        if rel["relkind"] not in ("r", "p"):
+            raise TableMismatch(self.name, where, [f"{where!r} is not a table"])
+        rows = {row["attname"]: row for row in await conn.fetch(_COLUMNS_SQL, rel["oid"])}
+        problems: list[str] = []
+        key = rows.get(self.key_column)
+        if key is None:
+            problems.append(f"key column {self.key_column!r} does not exist")
+        elif not key["unique_key"]:
+            problems.append(
+                f"key column {self.key_column!r} has no single-column unique index or constraint"
+            )
+        for column in self.columns:
+            row = rows.get(column)
+            if row is None:
+                problems.append(f"column {column!r} does not exist")
+            elif row["generated"]:
+                problems.append(f"column {column!r} is generated and cannot be written")
+        if problems:
+            raise TableMismatch(self.name, where, problems)
+        return {
+            name: _Column(quote_ident(name), rows[name]["full_type"], rows[name]["base_type"])
+            for name in (self.key_column, *self.columns)
+        }
+
+    def _build_sql(self) -> None:
+        key = self._catalog[self.key_column]
+        cols = ", ".join(f"d.{self._catalog[c].quoted}" for c in self.columns)
+        # $1 key, $2 store.
+        self._get_sql = (
+            "SELECT row_to_json(x)::text AS doc, t.token"
+            f" FROM (SELECT d.{key.quoted}, {cols} FROM {self._table_q} AS d"
+            f"  WHERE d.{key.quoted} = CAST($1::text AS {key.base_type})) AS x"
+            f" LEFT JOIN {self._tokens_q} AS t ON t.store = $2 AND t.key = x.{key.quoted}::text"
+        )
+        self._delete_sql = (
+            f"WITH gone AS (DELETE FROM {self._table_q} AS d"
+            f"  WHERE d.{key.quoted} = CAST($1::text AS {key.base_type})"
+            f"  RETURNING d.{key.quoted}::text AS key)"
+            f" DELETE FROM {self._tokens_q} AS t USING gone WHERE t.store = $2 AND t.key = gone.key"
+        )
+
+    def _put_sql(self, fenced: bool, present: tuple[str, ...]) -> str:
+        """The upsert for the columns ``present`` in the body, built once per column set.
+
+        Fenced: $1 scope, $2 token, $3 store, $4 key, $5 body (JSON text), $6 key column.
+        Unfenced (the baseline, no fence CTE): $1 store, $2 key, $3 body, $4 key column.
+        """
+        cached = self._put_cache.get((fenced, present))
+        if cached is not None:
+            return cached
+        cols = [self._catalog[c] for c in (self.key_column, *present)]
+        names = [c.quoted for c in cols]
+        key = names[0]
+        if present:
+            action = "DO UPDATE SET " + ", ".join(f"{n} = EXCLUDED.{n}" for n in names[1:])
+        else:
+            action = "DO NOTHING"
+        store, key_arg, body, key_name = (
+            ("$3", "$4", "$5", "$6") if fenced else ("$1", "$2", "$3", "$4")
+        )
+        # PostgreSQL converts each JSON value with the column's own type and typmod.
+        record = (
+            f"jsonb_to_record({body}::jsonb"
+            f" || jsonb_build_object({key_name}::text, {key_arg}::text))"
+            f" AS r({', '.join(f'{c.quoted} {c.full_type}' for c in cols)})"
+        )
+        if fenced:
+            head = (
+                f"WITH fence AS ({raise_mark_sql(self._schema_q, '$1', '$2')}),"
+                f" src AS (SELECT r.* FROM fence, {record}),"
+            )
+            token, tail = "(SELECT token FROM fence)", "SELECT token FROM fence"
+        else:
+            head = f"WITH src AS (SELECT r.* FROM {record}),"
+            token, tail = "NULL::bigint", "SELECT 1"
+        sql = (
+            f"{head}"
+            f" mark AS (INSERT INTO {self._tokens_q} AS t (store, key, token)"
+            f" SELECT {store}::text, src.{key}::text, {token} FROM src"
+            " ON CONFLICT (store, key) DO UPDATE SET token = EXCLUDED.token),"
+            f" data AS (INSERT INTO {self._table_q} AS d ({', '.join(names)})"
+            f" SELECT {', '.join(f'src.{n}' for n in names)} FROM src"
+            f" ON CONFLICT ({key}) {action})"
+            f" {tail}"
+        )
+        self._put_cache[(fenced, present)] = sql
+        return sql
+
+    def _parse_body(self, key: str, body: bytes) -> tuple[str, tuple[str, ...]]:
+        """Check the body is a JSON object of writable columns; return its text and columns."""
+        try:
+            text = body.decode("utf-8")
+            doc = json.loads(text, parse_constant=_reject_constant)
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise BadValue(f"body is not JSON: {exc}", key=key) from exc
+        if not isinstance(doc, dict):
+            raise BadValue(
+                f"body must be a JSON object of column values, not {type(doc).__name__}", key=key
+            )
+        if self.key_column in doc:
+            raise BadValue(
+                f"the key column {self.key_column!r} is set by the key in the URL, not the body",
+                key=key,
+            )
+        unknown = sorted(c for c in doc if c not in self._catalog)
+        if unknown:
+            raise BadValue(
+                f"unknown column(s) {', '.join(map(repr, unknown))} for store {self.name!r};"
+                f" writable columns: {', '.join(map(repr, self.columns))}",
+                key=key,
+            )
+        return text, tuple(c for c in self.columns if c in doc)
+
+    async def _put(
+        self, scope: str, key: str, token: int | None, body: bytes, content_type: str
+    ) -> int | None:
+        self._require_started()
+        text, present = self._parse_body(key, body)
+        async with self._conn() as conn:
+            if token is None:
+                await conn.fetchval(
+                    self._put_sql(False, present), self.name, key, text, self.key_column
+                )
+                return None
+            accepted = await conn.fetchval(
+                self._put_sql(True, present), scope, token, self.name, key, text, self.key_column
+            )
+            if accepted is None:
+                raise await self._stale(conn, scope, token)
+        return token
+
+    async def _get(self, scope: str, key: str, token: int | None) -> Record:
+        async with self._conn() as conn:
+            if token is not None:
+                await self._raise_mark(conn, scope, token)
+            row = await conn.fetchrow(self._get_sql, key, self.name)
+        if row is None:
+            raise NotFound(self.name, key)
+        return Record(body=row["doc"].encode(), token=row["token"], content_type=_JSON)
+
+    async def _delete(self, scope: str, key: str, token: int | None) -> None:
+        async with self._conn() as conn:
+            if token is None:
+                await conn.execute(self._delete_sql, key, self.name)
+                return
+            async with conn.transaction():
+                await self._raise_mark(conn, scope, token)
+                await conn.execute(self._delete_sql, key, self.name)

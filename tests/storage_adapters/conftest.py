@@ -1,0 +1,126 @@
+"""Fixtures for the storage adapters: each kind of store over real storage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from storage_adapters import FencedStore, FileStore, PostgresLegacyStore, PostgresStore, Record
+from storage_adapters.base import NO_HOOKS, StoreHooks
+
+KINDS = ["postgres", "postgres_legacy", "files"]
+
+
+@dataclass
+class Recorder:
+    """StoreHooks that remembers every call."""
+
+    writes: list[tuple[str, bool]] = field(default_factory=list)
+    rejections: list[tuple[str, str]] = field(default_factory=list)
+
+    def write_done(self, store: str, seconds: float, ok: bool) -> None:
+        assert seconds >= 0
+        self.writes.append((store, ok))
+
+    def rejected(self, store: str, reason: str) -> None:
+        self.rejections.append((store, reason))
+
+
+@dataclass
+class Backend:
+    """One kind of store over one piece of real storage; ``make`` opens another instance."""
+
+    kind: str
+    make: Callable[..., FencedStore]  # make(hooks=...) -> a new, unstarted store
+    app_name: str = ""
+
+    def body(self, n: int) -> bytes:
+        """The body that stores the number n (a JSON object for a legacy table)."""
+        if self.kind == "postgres_legacy":
+            return json.dumps({"v": n}).encode()
+        return str(n).encode()
+
+    def value(self, record: Record) -> int:
+        if self.kind == "postgres_legacy":
+            return int(json.loads(record.body)["v"])
+        return int(record.body)
+
+
+def pg_settings(schema: str) -> dict[str, str]:
+    """A per-test application_name, so a test can find (and kill) its own backends."""
+    return {"application_name": f"fg-{schema}"}
+
+
+async def create_accounts(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            f'CREATE TABLE "{schema}".accounts ('
+            " id text PRIMARY KEY, v bigint, note text, balance numeric(12,2), opened date)"
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=KINDS)
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> Backend:
+    kind: str = request.param
+    settings = pg_settings(pg_schema)
+    if kind == "postgres":
+
+        def make_kv(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
+            return PostgresStore(
+                "kv", pg_dsn, schema=pg_schema, pool_max=4, server_settings=settings, hooks=hooks
+            )
+
+        return Backend(kind, make_kv, settings["application_name"])
+    if kind == "postgres_legacy":
+        await create_accounts(pg_dsn, pg_schema)
+
+        def make_legacy(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
+            return PostgresLegacyStore(
+                "accounts",
+                pg_dsn,
+                table="accounts",
+                key_column="id",
+                columns=["v", "note", "balance", "opened"],
+                schema=pg_schema,
+                pool_max=4,
+                server_settings=settings,
+                hooks=hooks,
+            )
+
+        return Backend(kind, make_legacy, settings["application_name"])
+    root = tmp_path / "root"
+
+    def make_files(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
+        return FileStore("files", root, hooks=hooks)
+
+    return Backend(kind, make_files)
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[FencedStore]:
+    async with backend.make() as opened:
+        yield opened
+
+
+@pytest.fixture
+async def kv(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
+    async with PostgresStore(
+        "kv", pg_dsn, schema=pg_schema, pool_max=4, server_settings=pg_settings(pg_schema)
+    ) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def files(tmp_path: Path) -> AsyncIterator[FileStore]:
+    async with FileStore("files", tmp_path / "root") as opened:
+        yield opened
