@@ -234,7 +234,8 @@ class LockManager:
             self.events.quorum_failed("extend")
             raise
         self.events.renewed("ok")
-        return Lease(lease.name, token, lease.lease_id, valid_until, lease.issuer)
+        # A lease keeps the token it was granted; a bare handle learns it here.
+        return Lease(lease.name, lease.token or token, lease.lease_id, valid_until, lease.issuer)
 
     @staticmethod
     def handle(name: str, lease_id: str) -> Lease:
@@ -299,8 +300,11 @@ class LockManager:
             else:
                 async with renewal:
                     yield lease
-        except LeaseLost:
-            raise  # the watchdog saw it go: nothing left to release
+        except LeaseLost as exc:
+            if renewal is None or renewal.lost is not exc:  # e.g. a nested lock's loss
+                current = renewal.lease if renewal is not None else lease
+                await asyncio.shield(self._release_quietly(current))
+            raise  # when the watchdog saw it go, there is nothing left to release
         except BaseException:
             current = renewal.lease if renewal is not None else lease
             await asyncio.shield(self._release_quietly(current))

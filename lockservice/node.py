@@ -28,6 +28,7 @@ __all__ = ["Node", "NodeAddress", "parse_node_url"]
 
 log = logging.getLogger(__name__)
 
+_MAX_CLEANUPS = 100_000
 _ALL_SCRIPTS = (
     scripts.ACQUIRE,
     scripts.RELEASE,
@@ -106,6 +107,7 @@ class Node:
         channel: str,
         on_release: Callable[[bytes], None],
         on_connected: Callable[[Node, bool], Awaitable[None]],
+        cleanup_horizon: float = 300.0,
     ) -> None:
         self.address = address
         self.label = address.label
@@ -118,6 +120,9 @@ class Node:
         self._sub: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._poked: asyncio.Future[None] | None = None
+        self._cleanups: dict[tuple[tuple[str, ...], tuple[str | int, ...]], float] = {}
+        self._cleanup_horizon = cleanup_horizon
+        self.refused: str | None = None  # why the node is left out, e.g. its eviction policy
         self._stall_after = max(1.0, 5 * timeout)
 
     @property
@@ -144,7 +149,8 @@ class Node:
         conn = self._conn
         if conn is None or conn.closed:
             fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-            fut.set_result(ConnectionError(f"node {self.label} is not connected"))
+            reason = f"evicts keys (maxmemory-policy {self.refused})" if self.refused else ""
+            fut.set_result(ConnectionError(f"node {self.label} {reason or 'is not connected'}"))
             if self._poked is not None and not self._poked.done():
                 self._poked.set_result(None)  # reconnect now rather than at the next tick
             return fut
@@ -184,17 +190,35 @@ class Node:
         )
 
     async def _connect_commands(self) -> bool:
+        conn: Connection | None = None
         try:
             conn = await self._open()
             async with asyncio.timeout(max(self.timeout * 4, 0.5)):
-                info = await conn.send("INFO", "server")
+                server, memory = await asyncio.gather(
+                    conn.send("INFO", "server"), conn.send("INFO", "memory")
+                )
         except (ConnectionError, TimeoutError) as exc:
+            if conn is not None:
+                conn.abort()
             log.debug("node %s: %s", self.label, exc)
             return False
-        if is_failure(info):
+        if is_failure(server) or is_failure(memory):
             conn.abort()
             return False
-        run_id = _info_field(info, "run_id")
+        policy = _info_field(memory, "maxmemory_policy")
+        if policy not in (None, "noeviction"):
+            # An evicting node can drop fence:* counters or live locks: never count it.
+            conn.abort()
+            if self.refused != policy:
+                log.error(
+                    "redis node %s has maxmemory-policy %s: fencegate needs noeviction "
+                    "(evicted counters would reissue tokens); leaving it out of quorums",
+                    self.label, policy,
+                )  # fmt: skip
+            self.refused = policy
+            return False
+        self.refused = None
+        run_id = _info_field(server, "run_id")
         restarted = self.run_id is not None and run_id != self.run_id
         if restarted:
             log.warning("redis node %s restarted (run_id changed): resyncing it", self.label)
@@ -202,8 +226,28 @@ class Node:
         for script in _ALL_SCRIPTS:
             conn.send("SCRIPT", "LOAD", script.source)
         self._conn = conn
+        self._replay_cleanups()
+        # Commands stuck in an aborted socket may still run when a paused server
+        # resumes, after this replay: replay once more when they surely have.
+        asyncio.get_running_loop().call_later(self._stall_after, self._replay_cleanups)
         await self._on_connected(self, restarted)
         return True
+
+    # releases that could not be sent, replayed on reconnect (they are idempotent)
+    def remember_cleanup(self, keys: Sequence[str], args: Sequence[str | int]) -> None:
+        if len(self._cleanups) >= _MAX_CLEANUPS:
+            self._cleanups.pop(next(iter(self._cleanups)))
+        self._cleanups[(tuple(keys), tuple(args))] = asyncio.get_running_loop().time()
+
+    def _replay_cleanups(self) -> None:
+        if not self._cleanups or not self.connected:
+            return
+        horizon = asyncio.get_running_loop().time() - self._cleanup_horizon
+        for (keys, args), since in list(self._cleanups.items()):
+            if since < horizon:  # every lock it could have left has expired by now
+                del self._cleanups[(keys, args)]
+            else:
+                self.call(scripts.RELEASE, keys, args)
 
     async def _connect_subscriber(self) -> bool:
         try:

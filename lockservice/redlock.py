@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from lockservice import scripts
@@ -82,6 +83,7 @@ class Redlock:
                 channel=RELEASE_CHANNEL,
                 on_release=self.waiters.wake_from_message,
                 on_connected=self._on_connected,
+                cleanup_horizon=max_ttl,
             )
             for a in addresses
         ]
@@ -112,10 +114,13 @@ class Redlock:
         futures: list[asyncio.Future[Reply]],
         decided: Callable[[list[Reply]], bool],
     ) -> list[Reply]:
-        """Wait until ``decided(replies)`` or the node timeout; unanswered stay ``_UNSET``."""
+        """Wait until ``decided(replies)`` or the node timeout; unanswered stay ``_UNSET``.
+
+        Late replies are still reported to the metrics hook when they come.
+        """
         loop = asyncio.get_running_loop()
         replies: list[Reply] = [_UNSET] * len(futures)
-        finished: asyncio.Future[None] = loop.create_future()
+        finished: asyncio.Future[bool] = loop.create_future()
         start = loop.time()
 
         def on_done(i: int, fut: asyncio.Future[Reply]) -> None:
@@ -123,23 +128,31 @@ class Redlock:
             replies[i] = reply
             self._events.node_call(self.nodes[i].label, loop.time() - start, not is_failure(reply))
             if not finished.done() and decided(replies):
-                finished.set_result(None)
+                finished.set_result(False)
 
         for i, fut in enumerate(futures):
             fut.add_done_callback(functools.partial(on_done, i))
         timer = loop.call_later(self._timeout, _settle, finished)
         try:
-            await finished
+            timed_out = await finished
         finally:
             timer.cancel()
-        for i, reply in enumerate(replies):
-            if reply is _UNSET:
-                self._events.node_call(self.nodes[i].label, self._timeout, False)
-        return replies
+        if timed_out:
+            for i, reply in enumerate(replies):
+                if reply is _UNSET:
+                    self._events.node_call(self.nodes[i].label, self._timeout, False)
+        return list(replies)  # a snapshot: late replies keep landing in ``replies``
 
     def _call_all(
-        self, script: scripts.Script, keys: Sequence[str], args: Sequence[str | int]
+        self,
+        script: scripts.Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        *,
+        run_id: bool = False,
     ) -> list[asyncio.Future[Reply]]:
+        if run_id:  # scripts that trust a node only in the run it was synced in
+            return [node.call(script, keys, (*args, node.run_id or "")) for node in self.nodes]
         return [node.call(script, keys, args) for node in self.nodes]
 
     def _decider(self, good: Callable[[Reply], bool]) -> Callable[[list[Reply]], bool]:
@@ -156,6 +169,31 @@ class Redlock:
                 else:
                     bad += 1
             return ok >= q or bad > n - q or ok + bad == n
+
+        return decided
+
+    def _acquire_decider(self) -> Callable[[list[Reply]], bool]:
+        """Granted, held or unavailable: decided only once the class is certain.
+
+        A held lock must not be reported as a lost quorum because the node that
+        would have said "held" had not answered yet.
+        """
+        q = self.quorum
+
+        def decided(replies: list[Reply]) -> bool:
+            granted = held = pending = 0
+            for reply in replies:
+                if reply is _UNSET:
+                    pending += 1
+                elif _granted(reply):
+                    granted += 1
+                elif _answered(reply) and int(reply[0]) == 0:
+                    held += 1
+            if granted >= q:
+                return True
+            if granted + pending >= q:
+                return False  # still grantable
+            return granted + held >= q or granted + held + pending < q or pending == 0
 
         return decided
 
@@ -182,8 +220,8 @@ class Redlock:
         start = loop.time()
         keys = (_lock_key(name), _fence_key(name), SYNCED_KEY, QUARANTINE_KEY, *_queue_keys(name))
         args = (lease_id, max(1, int(ttl * 1000)), ticket, _KEEPALIVE_MS)
-        futures = self._call_all(scripts.ACQUIRE, keys, args)
-        replies = await self._round(futures, self._decider(_granted))
+        futures = self._call_all(scripts.ACQUIRE, keys, args, run_id=True)
+        replies = await self._round(futures, self._acquire_decider())
         grants = [int(r[0]) for r in replies if _granted(r)]
         busy = [int(r[1]) for r in replies if _answered(r) and int(r[0]) == 0]
         for node, reply in zip(self.nodes, replies, strict=True):
@@ -191,6 +229,7 @@ class Redlock:
                 self.resyncer.schedule(node)
         if len(grants) >= self.quorum:
             token = max(grants)
+            self._reconcile_late(futures, replies, name, lease_id, token)
             if any(g != token for g in grants) and not await self._raise_fence(
                 name, lease_id, token
             ):
@@ -201,13 +240,38 @@ class Redlock:
                 return Attempt(token, valid_until, 0.0)
             self._undo(name, lease_id, leave_queue=False)
             return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
-        if grants:
+        if grants or any(r is _UNSET for r in replies):
             self._undo(name, lease_id, leave_queue=False)
         if busy and len(grants) + len(busy) >= self.quorum:
             # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
             return Attempt(0, 0.0, max(busy) / 1000)
         self._last_errors = self._errors(replies, _granted)
         return None
+
+    def _reconcile_late(
+        self,
+        futures: list[asyncio.Future[Reply]],
+        replies: list[Reply],
+        name: str,
+        lease_id: str,
+        token: int,
+    ) -> None:
+        """A node that grants after the decision gets the lease's real token recorded.
+
+        Otherwise its lock value would carry a token nobody was issued.
+        """
+        for node, fut, reply in zip(self.nodes, futures, replies, strict=True):
+            if reply is not _UNSET:
+                continue
+
+            def late(fut: asyncio.Future[Reply], node: Node = node) -> None:
+                reply = fut.result()
+                if _granted(reply) and int(reply[0]) != token:
+                    node.call(
+                        scripts.RAISE_FENCE, (_fence_key(name), _lock_key(name)), (token, lease_id)
+                    )
+
+            fut.add_done_callback(late)
 
     async def _raise_fence(self, name: str, lease_id: str, token: int) -> bool:
         futures = self._call_all(
@@ -227,8 +291,18 @@ class Redlock:
         # Sent on each node's connection after the acquire, so it runs after it.
         keys = (_lock_key(name), *_queue_keys(name))
         args = (lease_id, RELEASE_CHANNEL, name, "1" if leave_queue else "0")
+        self._send_release(keys, args)
+
+    def _send_release(
+        self, keys: tuple[str, ...], args: tuple[str, ...]
+    ) -> list[asyncio.Future[Reply]]:
+        """Send a release everywhere; a node that cannot take it now gets it on reconnect."""
+        futures = []
         for node in self.nodes:
-            node.call(scripts.RELEASE, keys, args)
+            fut = node.call(scripts.RELEASE, keys, args)
+            fut.add_done_callback(functools.partial(_retry_later, node, keys, args))
+            futures.append(fut)
+        return futures
 
     async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
         loop = asyncio.get_running_loop()
@@ -237,14 +311,15 @@ class Redlock:
         replies = await self._round(futures, self._decider(_positive))
         tokens = [r for r in replies if _positive(r)]
         if len(tokens) >= self.quorum:
-            return start + ttl - drift(ttl), max(tokens)
+            # the token a majority recorded for this lease (a late grant may differ)
+            return start + ttl - drift(ttl), Counter(tokens).most_common(1)[0][0]
         if sum(r == 0 for r in replies) > len(self.nodes) - self.quorum:
             raise LeaseLost(name, "it expired or another lease holds it")
         raise QuorumUnavailable(name, self._errors(replies, _positive), self.quorum)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         keys = (_lock_key(name), *_queue_keys(name))
-        futures = self._call_all(scripts.RELEASE, keys, (lease_id, RELEASE_CHANNEL, name, "1"))
+        futures = self._send_release(keys, (lease_id, RELEASE_CHANNEL, name, "1"))
         if not confirm:
             return True
         replies = await self._round(futures, self._decider(_one))
@@ -257,7 +332,7 @@ class Redlock:
 
     async def _inspect_replies(self, name: str, *, early: bool) -> list[list[int]]:
         keys = (_lock_key(name), _fence_key(name), SYNCED_KEY)
-        futures = self._call_all(scripts.INSPECT, keys, ())
+        futures = self._call_all(scripts.INSPECT, keys, (), run_id=True)
         n = len(self.nodes)
 
         def decided(replies: list[Reply]) -> bool:
@@ -275,7 +350,7 @@ class Redlock:
         counter = max(r[2] for r in replies)
         holders = [r for r in replies if r[0] > 0]
         if len(holders) >= self.quorum:
-            token = max(r[0] for r in holders)
+            token = Counter(r[0] for r in holders).most_common(1)[0][0]
             ttl = sorted(r[1] for r in holders)[len(holders) - self.quorum] / 1000
             return LockInfo(name, True, token, ttl)
         return LockInfo(name, False, counter, 0.0)
@@ -290,9 +365,16 @@ class Redlock:
         return sum(_pong(r) for r in replies) >= self.quorum
 
 
-def _settle(fut: asyncio.Future[None]) -> None:
+def _settle(fut: asyncio.Future[bool]) -> None:
     if not fut.done():
-        fut.set_result(None)
+        fut.set_result(True)
+
+
+def _retry_later(
+    node: Node, keys: tuple[str, ...], args: tuple[str, ...], fut: asyncio.Future[Reply]
+) -> None:
+    if isinstance(fut.result(), ConnectionError):
+        node.remember_cleanup(keys, args)
 
 
 def _pong(reply: Reply) -> bool:

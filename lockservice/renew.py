@@ -64,7 +64,8 @@ class Renewal:
         return False
 
     async def _run(self) -> None:
-        interval = self._ttl / 3
+        # The grant may have used up part of the ttl: renew before a third of what is left.
+        interval = min(self._ttl / 3, max(self.lease.remaining() / 3, 0.001))
         while True:
             await asyncio.sleep(interval)
             try:

@@ -128,6 +128,7 @@ async def open_connection(
 ) -> Connection:
     """Connect, authenticate and select ``db``; raise ``ConnectionError`` on failure."""
     loop = asyncio.get_running_loop()
+    conn: Connection | None = None
     try:
         async with asyncio.timeout(connect_timeout):
             if path is not None:
@@ -145,9 +146,12 @@ async def open_connection(
                 setup.append(conn.send("SELECT", db))
             for reply in await asyncio.gather(*setup):
                 if is_failure(reply):
-                    conn.abort()
                     raise ConnectionError(f"redis refused the connection setup: {reply}")
-    except (OSError, TimeoutError) as exc:
-        raise ConnectionError(f"cannot connect: {str(exc) or type(exc).__name__}") from exc
+    except BaseException as exc:
+        if conn is not None:
+            conn.abort()  # never leak the socket of a half-set-up connection
+        if isinstance(exc, OSError | TimeoutError):
+            raise ConnectionError(f"cannot connect: {str(exc) or type(exc).__name__}") from exc
+        raise
     conn._on_push = on_push
     return conn

@@ -1,16 +1,18 @@
 """Bringing a restarted (or new) Redis node back into quorums without token reuse.
 
-A node takes part in quorums only while it holds ``fencegate:synced`` (its
-token base) and has no ``fencegate:quarantine`` key: the acquire script
-checks both, so every process and every gateway replica sees the same state.
+A node takes part in quorums only while ``fencegate:synced`` holds its token
+base *and its current run_id*, and no ``fencegate:quarantine`` key exists: the
+acquire script checks both against the run_id the caller read on connect, so
+every process and every gateway replica sees the same state, and a restart
+(even one that reloads an old snapshot with an old marker) unsyncs the node.
 
-A node that restarted (its ``run_id`` changed) or that has no marker may have
-lost its ``fence:*`` counters. Before it counts again its counters are raised
-to the maximum found on the other nodes (``N - Q + 1`` marked nodes, so that
-every quorum of an earlier grant is covered), and then it is quarantined for
-the longest TTL, so that no lease it forgot can be granted twice. Only when no
-reachable node holds a marker, or no marked node has any counter, is the
-cluster new: its nodes then start from a token base taken from the wall clock.
+An unsynced node may have lost or rolled back its ``fence:*`` counters. Before
+it counts again its counters are raised to the maximum found on the other
+nodes: on ``N - Q + 1`` synced nodes, so that every quorum of an earlier grant
+is covered; failing that, when a quorum answers, on every node that answers,
+with a token base from the wall clock above all of them. It is then
+quarantined for the longest TTL, so that no lease it forgot can be granted
+twice. Only a cluster without any counter yet (new) skips the quarantine.
 """
 
 from __future__ import annotations
@@ -46,23 +48,24 @@ class Resyncer:
         self._timeout = max(timeout * 10, 1.0)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restarted: set[str] = set()
-        self.enabled = True  # tests switch it off to show what it prevents
+        # False: trust an unsynced node as it is, as Redlock without resync would.
+        # Only tests switch it off, to show what the resync prevents.
+        self.enabled = True
+        self._closed = False
 
     async def check(self, node: Node, *, restarted: bool) -> None:
         """Called on every (re)connect of ``node``."""
-        if not self.enabled:
+        if self._closed:
             return
         if restarted:
-            # From now on no process counts it, until it is resynced.
             self._restarted.add(node.label)
-            await self._ask(node, "DEL", SYNCED_KEY)
             self.schedule(node)
             return
-        if await self._ask(node, "EXISTS", SYNCED_KEY) == 0:
+        if not _synced(node, await self._ask(node, "GET", SYNCED_KEY)):
             self.schedule(node)
 
     def schedule(self, node: Node) -> None:
-        if not self.enabled:
+        if self._closed:
             return
         task = self._tasks.get(node.label)
         if task is None or task.done():
@@ -80,6 +83,7 @@ class Resyncer:
             await asyncio.wait(running, timeout=limit)
 
     async def close(self) -> None:
+        self._closed = True
         for task in self._tasks.values():
             task.cancel()
         for task in self._tasks.values():
@@ -107,48 +111,63 @@ class Resyncer:
     async def _sync_once(self, node: Node) -> bool:
         markers = await asyncio.gather(*(self._ask(n, "GET", SYNCED_KEY) for n in self._nodes))
         mine = markers[self._nodes.index(node)]
-        if isinstance(mine, bytes):
+        if _synced(node, mine):
             return True  # another process resynced it
-        if is_failure(mine):
+        if is_failure(mine) or node.run_id is None:
             return False
-        reachable = [n for n, m in zip(self._nodes, markers, strict=True) if not is_failure(m)]
-        sources = [
-            (n, int(m))
-            for n, m in zip(self._nodes, markers, strict=True)
-            if n is not node and isinstance(m, bytes)
-        ]
-        restarted = node.label in self._restarted
+        if not self.enabled:
+            await self._finish(node, 0, 0)
+            return True
+        others = [(n, m) for n, m in zip(self._nodes, markers, strict=True) if n is not node]
+        synced = [n for n, m in others if _synced(n, m)]
+        reachable = [n for n, m in others if not is_failure(m)]
         needed = len(self._nodes) - self._quorum + 1
-        if len(self._nodes) > 1 and len(sources) >= needed:
+        restarted = node.label in self._restarted
+        if (
+            len(reachable) + 1 >= self._quorum
+            and not restarted
+            and not await self._any_counter([node, *reachable])
+        ):
+            # A new cluster: no grant was ever made, nothing to copy or to wait for.
+            base = max([wall_clock_base(), *(_base(m) for _, m in others)])
+            await self._finish(node, base, 0)
+            log.info("redis node %s joins a new cluster", node.label)
+        elif len(self._nodes) > 1 and len(synced) >= needed:
             copied = 0
-            for source, _ in sources:
+            for source in synced:
                 copied += await self._copy(source, node)
-            base = max(b for _, b in sources)
+            base = max(_base(m) for n, m in others if n in synced)
             await self._finish(node, base, self._quarantine_ms)
             log.warning(
                 "redis node %s resynced (%d counters raised from %d nodes); quarantined "
                 "for %.1f s so that no lease it lost is granted twice",
-                node.label, copied, len(sources), self._quarantine_ms / 1000,
+                node.label, copied, len(synced), self._quarantine_ms / 1000,
             )  # fmt: skip
-        elif len(reachable) >= self._quorum and not await self._any_counter(
-            [s for s, _ in sources]
-        ):
-            quarantine = self._quarantine_ms if restarted else 0
-            await self._finish(node, wall_clock_base(), quarantine)
-            log.info("redis node %s starts a new token base%s", node.label,
-                     " (quarantined: it restarted)" if quarantine else "")  # fmt: skip
+        elif len(reachable) + 1 >= self._quorum:
+            # Not enough synced nodes (a majority restarted, or nodes were added): take
+            # every counter any node still has, and a base above them all.
+            copied = 0
+            for source in reachable:
+                copied += await self._copy(source, node)
+            base = max([wall_clock_base(), *(_base(m) for _, m in others)])
+            await self._finish(node, base, self._quarantine_ms)
+            log.warning(
+                "redis node %s starts a new token base above every counter left "
+                "(%d raised from %d nodes); quarantined for %.1f s",
+                node.label, copied, len(reachable), self._quarantine_ms / 1000,
+            )  # fmt: skip
         else:
             log.warning(
-                "redis node %s lost its data and only %d of the %d other nodes needed to "
-                "resync it answer; it stays out of quorums",
-                node.label, len(sources), needed,
+                "redis node %s is not synced and only %d other nodes answer; it stays "
+                "out of quorums",
+                node.label, len(reachable),
             )  # fmt: skip
             return False
         self._restarted.discard(node.label)
         return True
 
-    async def _any_counter(self, sources: list[Node]) -> bool:
-        for source in sources:
+    async def _any_counter(self, nodes: list[Node]) -> bool:
+        for source in nodes:
             reply = await self._ask(source, "SCAN", 0, "MATCH", "fence:*", "COUNT", 10_000)
             if is_failure(reply):
                 raise ConnectionError(f"scan of {source.label} failed: {reply}")
@@ -187,7 +206,27 @@ class Resyncer:
     async def _finish(self, node: Node, base: int, quarantine_ms: int) -> None:
         async with asyncio.timeout(self._timeout):
             done = await node.call(
-                scripts.MARK_SYNCED, (SYNCED_KEY, QUARANTINE_KEY), (base, quarantine_ms)
+                scripts.MARK_SYNCED,
+                (SYNCED_KEY, QUARANTINE_KEY),
+                (base, quarantine_ms, node.run_id or ""),
             )
         if is_failure(done):
             raise ConnectionError(f"marking {node.label} synced failed: {done}")
+
+
+def _synced(node: Node, marker: Reply) -> bool:
+    """The marker vouches for this run of the node (``<base> <run_id>``)."""
+    return (
+        isinstance(marker, bytes)
+        and node.run_id is not None
+        and marker.endswith(b" " + node.run_id.encode())
+    )
+
+
+def _base(marker: Reply) -> int:
+    if not isinstance(marker, bytes):
+        return 0
+    try:
+        return int(marker.split(b" ", 1)[0])
+    except ValueError:
+        return 0

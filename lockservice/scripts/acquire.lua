@@ -5,22 +5,30 @@
   ARGV[3] ticket: '' for a try without waiting, else the waiter's arrival time
           (the same number on every node, so every node orders waiters alike)
   ARGV[4] keepalive (ms): a queued waiter that does not try again within it is dropped
+  ARGV[5] the node's run_id as the caller read it when it connected
   Returns {token, 0} when granted (token > 0),
           {0, pttl}  when another lease holds it or an earlier waiter is queued
                      (pttl: the holder's remaining ms, 0 when only queued behind),
           {-1, pttl} when this node is quarantined after a restart,
-          {-2, 0}    when this node has not been synced (restarted, data lost, or new).
+          {-2, 0}    when this node has not been synced in this run (restarted, data
+                     lost or reloaded from an old snapshot, or new).
   The lock value is "<lease_id>:<token>" so that the holder's token can be read back.
-  fencegate:synced holds the node's token base: a counter that is missing (first
-  grant of a name, or lost with the node's data) starts above it, so tokens stay
-  increasing even when every node lost its data. fence:* keys are never deleted.
+  fencegate:synced is "<token base> <run_id>": it counts only for the run of the
+  server that was synced. A counter that is missing (first grant of a name, or
+  lost with the node's data) starts above the base, so tokens stay increasing
+  even when every node lost its data. fence:* keys are never deleted.
   waitq:{name} (score: ticket) and waitx:{name} (score: expiry) queue the waiters:
   a free lock goes to the earliest live waiter, so the releasing client cannot
   take it straight back while others wait. ]]
-local base = redis.call('GET', KEYS[3])
-if not base then
+local marker = redis.call('GET', KEYS[3])
+if not marker then
   return {-2, 0}
 end
+local sep = string.find(marker, ' ', 1, true)
+if not sep or string.sub(marker, sep + 1) ~= ARGV[5] then
+  return {-2, 0}
+end
+local base = string.sub(marker, 1, sep - 1)
 local q = redis.call('PTTL', KEYS[4])
 if q > 0 then
   return {-1, q}
@@ -29,8 +37,12 @@ local id = ARGV[1]
 
 local function enqueue(now)
   if ARGV[3] ~= '' then
+    local keepalive = tonumber(ARGV[4])
     redis.call('ZADD', KEYS[5], 'NX', ARGV[3], id)
-    redis.call('ZADD', KEYS[6], now + tonumber(ARGV[4]), id)
+    redis.call('ZADD', KEYS[6], now + keepalive, id)
+    -- queues of names nobody asks for again must not stay forever
+    redis.call('PEXPIRE', KEYS[5], 2 * keepalive)
+    redis.call('PEXPIRE', KEYS[6], 2 * keepalive)
   end
 end
 

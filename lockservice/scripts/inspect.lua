@@ -1,8 +1,11 @@
 --[[ inspect: the state of one lock, for status and the forged-token guard.
   KEYS[1] lock:{name}  KEYS[2] fence:{name}  KEYS[3] fencegate:synced
+  ARGV[1] the node's run_id as the caller read it when it connected
   Returns {holder token or 0, pttl or 0, counter or 0}; never the lease_id.
-  Returns {-2} on a node that has not been synced: its counters may be behind. ]]
-if redis.call('EXISTS', KEYS[3]) == 0 then
+  Returns {-2} on a node that has not been synced in this run: its counters may
+  be behind. ]]
+local marker = redis.call('GET', KEYS[3])
+if not marker or string.sub(marker, -#ARGV[1] - 1) ~= ' ' .. ARGV[1] then
   return {-2}
 end
 local held = redis.call('GET', KEYS[1])

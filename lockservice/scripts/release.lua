@@ -20,7 +20,8 @@ if ARGV[4] == '1' then
   queued = redis.call('ZREM', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
 end
-if deleted == 1 or (queued == 1 and not current) then
+-- An undo between two tries (ARGV[4] '0') wakes nobody: the lock was never really held.
+if (deleted == 1 and ARGV[4] == '1') or (queued == 1 and not current) then
   local head = ''
   if redis.call('EXISTS', KEYS[3]) == 1 then
     local t = redis.call('TIME')

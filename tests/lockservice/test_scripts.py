@@ -15,12 +15,13 @@ LOCK, FENCE, SYNCED, QUAR = "lock:{n}", "fence:{n}", "fencegate:synced", "fenceg
 WAITQ, WAITX = "waitq:{n}", "waitx:{n}"
 ID_A, ID_B = "a" * 32, "b" * 32
 BASE = 1_700_000_000_000_000
+RUN_ID = "r" * 40
 
 
 @pytest.fixture
 def r(redis1: list[RedisNode]) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis1[0].url)
-    client.set(SYNCED, BASE)
+    client.set(SYNCED, f"{BASE} {RUN_ID}")
     yield client
     client.close()
 
@@ -31,7 +32,7 @@ def run(r: redis.Redis, script: scripts.Script, keys: list[str], args: list[obje
 
 def acquire(r: redis.Redis, lease_id: str, ttl: int = 10_000, ticket: str = "") -> object:
     keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
-    return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000])
+    return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000, RUN_ID])
 
 
 def release(r: redis.Redis, lease_id: str, leave_queue: str = "1") -> object:
@@ -62,7 +63,10 @@ def test_acquire_on_unsynced_or_quarantined_node(r: redis.Redis) -> None:
     code, pttl = acquire(r, ID_A)  # type: ignore[misc]
     assert code == -1
     assert 2_000 < pttl <= 3_000
-    r.delete(QUAR, SYNCED)
+    r.delete(QUAR)
+    r.set(SYNCED, f"{BASE} {'x' * 40}")  # synced in an earlier run of the server
+    assert acquire(r, ID_A) == [-2, 0]
+    r.delete(SYNCED)
     assert acquire(r, ID_A) == [-2, 0]
     assert r.get(LOCK) is None
     assert r.get(FENCE) is None
@@ -104,13 +108,13 @@ def test_raise_fence_is_a_max_and_records_the_token(r: redis.Redis) -> None:
 
 
 def test_inspect_never_reveals_the_lease_id(r: redis.Redis) -> None:
-    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], []) == [0, 0, 0]
+    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [RUN_ID]) == [0, 0, 0]
     acquire(r, ID_A)
-    token, pttl, counter = run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [])  # type: ignore[misc]
+    token, pttl, counter = run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [RUN_ID])  # type: ignore[misc]
     assert token == counter == BASE + 1
     assert pttl > 0
     r.delete(SYNCED)
-    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], []) == [-2]
+    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [RUN_ID]) == [-2]
 
 
 def test_resync_raises_counters_only_upwards(r: redis.Redis) -> None:
@@ -122,13 +126,18 @@ def test_resync_raises_counters_only_upwards(r: redis.Redis) -> None:
 
 
 def test_mark_synced_sets_base_upwards_and_quarantines(r: redis.Redis) -> None:
-    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE - 1, 2_000]) == 1
-    assert int(r.get(SYNCED)) == BASE
+    new_run = "n" * 40
+    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE - 1, 2_000, new_run]) == 1
+    assert r.get(SYNCED) == f"{BASE} {new_run}".encode()
     assert 1_000 < r.pttl(QUAR) <= 2_000
+    # another process already synced it in this run: nothing changes, no new quarantine
     r.delete(QUAR)
-    run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 9, 0])
-    assert int(r.get(SYNCED)) == BASE + 9
+    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 5, 9_000, new_run]) == 0
+    assert r.get(SYNCED) == f"{BASE} {new_run}".encode()
     assert r.get(QUAR) is None
+    later_run = "m" * 40  # the server restarted: a new run is synced, base only upwards
+    run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 9, 0, later_run])
+    assert r.get(SYNCED) == f"{BASE + 9} {later_run}".encode()
 
 
 def test_script_shas_match_their_sources(r: redis.Redis) -> None:
@@ -158,7 +167,7 @@ def test_free_lock_goes_to_the_earliest_queued_waiter(r: redis.Redis) -> None:
 def test_dead_waiters_expire_from_the_queue(r: redis.Redis) -> None:
     keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
     acquire(r, ID_A, ttl=100)
-    run(r, scripts.ACQUIRE, keys, [ID_B, 10_000, "1", 50])  # queued, keepalive 50 ms
+    run(r, scripts.ACQUIRE, keys, [ID_B, 10_000, "1", 50, RUN_ID])  # queued, keepalive 50 ms
     time.sleep(0.2)  # B never comes back; A's lock expired too
     assert acquire(r, "c" * 32, ticket="5")[0] == BASE + 2  # type: ignore[index]
     assert r.exists(WAITQ, WAITX) == 0  # empty queues leave no keys behind
@@ -176,6 +185,7 @@ def test_giving_up_leaves_the_queue_and_wakes_the_next(r: redis.Redis) -> None:
 def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
     acquire(r, ID_A, ticket="1")
     acquire(r, ID_B, ticket="2")  # queued behind A's hold
+    assert 0 < r.pttl(WAITQ) <= 6_000  # queues of forgotten names expire
     assert release(r, ID_B, leave_queue="0") == 0
     assert r.zrange(WAITQ, 0, -1) == [ID_B.encode()]
     assert release(r, ID_B, leave_queue="1") == 0

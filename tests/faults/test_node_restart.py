@@ -1,0 +1,169 @@
+"""A node restarted with its data lost: resync, quarantine, and no token issued twice.
+
+The dangerous schedule (Kleppmann's objection to Redlock, with counters):
+node A is paused and misses a run of grants that only B and C see; C then
+restarts and forgets them; A comes back and B goes away. A and C together
+are a majority that has never seen the newest tokens. Without the resync,
+their next grant reuses a token already handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from lockservice import LockHeld, LockManager, QuorumUnavailable
+from lockservice.resync import QUARANTINE_KEY, SYNCED_KEY
+from tests._servers import RedisNode
+from tests.faults.conftest import (
+    MAX_TTL,
+    Connect,
+    cut_off,
+    lock_key,
+    node_connected,
+    redlock,
+    reply_bulk,
+    reply_int,
+    wait_until,
+)
+
+pytestmark = pytest.mark.faults
+
+NAME = "restart/orders"
+MISSED = 20  # grants that node A never sees
+
+
+def quarantine_ms(node: RedisNode) -> int:
+    return reply_int(node.command("PTTL", QUARANTINE_KEY))
+
+
+async def _grant(mgr: LockManager, issued: list[int], *, held_on: RedisNode | None = None) -> None:
+    lease = await mgr.acquire(NAME, ttl=1.0)
+    assert lease.token > max(issued, default=0), (lease.token, max(issued, default=0))
+    issued.append(lease.token)
+    if held_on is not None:
+        assert reply_int(held_on.command("EXISTS", lock_key(NAME))) == 1
+    await mgr.release(lease)
+
+
+async def _a_misses_grants_then_c_forgets_them(
+    nodes: list[RedisNode], mgr: LockManager, issued: list[int], *, marker_survives: bool
+) -> None:
+    """Run the schedule up to: A resumed and reconnected, C restarted empty, B still up."""
+    a, b, c = nodes
+    # Nodes start from token bases a few ms (x 1000) apart: let A and C decide the
+    # first grant, so that A's counter holds exactly its token, below every later one.
+    b.pause()
+    await _grant(mgr, issued)
+    b.resume()
+    await cut_off(mgr, a, 0)  # nothing sent from now on reaches A, not even late
+    for _ in range(MISSED):
+        await _grant(mgr, issued)  # granted by B and C only
+    marker = reply_bulk(c.command("GET", SYNCED_KEY))
+    assert marker is not None
+    c.restart(lose_data=True)
+    if marker_survives:
+        # As after a restart from an AOF that lost its last second of writes: the
+        # node looks synced, but its newest counters are gone.
+        c.command("SET", SYNCED_KEY, marker.decode())
+    a.resume()
+    await wait_until(lambda: node_connected(mgr, 0), 3.0, "node A reconnected")
+
+
+@pytest.mark.parametrize("marker_survives", [False, True], ids=["all-lost", "marker-kept"])
+async def test_token_increases_after_node_restart_with_data_loss(
+    own_redis3: list[RedisNode], connect: Connect, marker_survives: bool
+) -> None:
+    _, b, c = own_redis3
+    mgr = await connect(own_redis3)
+    issued: list[int] = []
+    await _a_misses_grants_then_c_forgets_them(
+        own_redis3, mgr, issued, marker_survives=marker_survives
+    )
+
+    # C is resynced from A and B, then quarantined for max_ttl.
+    await wait_until(lambda: quarantine_ms(c) > 0, 5.0, "node C resynced and quarantined")
+    assert MAX_TTL * 1000 - 1000 < quarantine_ms(c) <= MAX_TTL * 1000 + 1
+    assert reply_bulk(c.command("GET", SYNCED_KEY)) is not None
+
+    b.pause()  # the only node that saw the newest grants and kept them
+    with contextlib.suppress(QuorumUnavailable):  # A alone is no quorum: refusing is right
+        await _grant(mgr, issued)  # but a grant must still exceed every earlier token
+
+    # Once the quarantine is over, A (stale) and C (resynced) are a quorum.
+    await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of node C over")
+    await _grant(mgr, issued, held_on=c)
+
+    b.resume()
+    for _ in range(3):
+        await _grant(mgr, issued)
+    assert issued == sorted(set(issued))
+
+
+async def test_without_resync_a_restarted_node_reissues_tokens(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """The same schedule with the resync switched off: a token is issued a second time."""
+    _, b, _ = own_redis3
+    mgr = await connect(own_redis3)
+    redlock(mgr).resyncer.enabled = False
+    issued: list[int] = []
+    await _a_misses_grants_then_c_forgets_them(own_redis3, mgr, issued, marker_survives=True)
+    b.pause()
+    lease = await mgr.acquire(NAME, ttl=1.0)  # granted by A (stale) and C (counters lost)
+    await mgr.release(lease)
+    # Invariant 2 broken: this grant's token is not above every earlier grant's.
+    assert lease.token <= max(issued), "expected the unprotected cluster to reuse a token"
+
+
+async def test_node_joining_a_new_cluster_is_not_quarantined(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    c = own_redis3[2]
+    c.kill()
+    mgr = await connect(own_redis3)  # A and B start a new cluster; no lock taken yet
+    c.start()  # a new empty node joins; it cannot have forgotten any lease
+    await wait_until(lambda: reply_bulk(c.command("GET", SYNCED_KEY)) is not None, 3.0, "synced")
+    assert quarantine_ms(c) < 0
+    own_redis3[0].kill()  # A down: B and the new node C are the quorum
+    lease = await mgr.acquire(NAME, ttl=1.0)
+    await mgr.release(lease)
+
+
+async def test_restarted_node_does_not_grant_a_lease_it_forgot(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """Quarantine: C forgot a lease that A and C granted; C and B must not grant it again."""
+    a, b, c = own_redis3
+    holder, other = await connect(own_redis3), await connect(own_redis3)
+    loop = asyncio.get_running_loop()
+    await cut_off(holder, b, 1)
+    first = await holder.acquire(NAME, ttl=MAX_TTL)  # held on A and C only
+    b.resume()
+    await wait_until(lambda: node_connected(holder, 1), 3.0, "node B reconnected")
+    c.restart(lose_data=True)  # forgets the lease
+    await wait_until(lambda: quarantine_ms(c) > 0, 3.0, "node C resynced and quarantined")
+    assert first.remaining() > 0.2, "too slow to test inside the lease"
+
+    # B and C would be a majority of free nodes: only the quarantine keeps C out.
+    with pytest.raises(LockHeld):
+        await other.acquire(NAME, ttl=1.0)
+    while True:
+        try:
+            second = await other.acquire(NAME, ttl=1.0, wait=MAX_TTL + 1.0)
+            break
+        except QuorumUnavailable:
+            assert loop.time() < first.valid_until + 1.0
+            await asyncio.sleep(0.02)
+    assert loop.time() >= first.valid_until  # granted only once the first lease ran out
+    assert second.token > first.token
+    await other.release(second)
+
+    # After the quarantine C counts again: without A, B and C make the quorum.
+    await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of node C over")
+    a.kill()
+    third = await other.acquire(NAME, ttl=1.0)
+    assert third.token > second.token
+    await other.release(third)
