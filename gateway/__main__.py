@@ -1,0 +1,5 @@
+"""``python -m gateway``: the ``fencegate`` command."""
+
+from gateway.cli import main
+
+raise SystemExit(main())

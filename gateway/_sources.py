@@ -1,0 +1,238 @@
+"""Where configuration values come from, and reading them with types.
+
+``Reader`` reads raw TOML values; every failure is one ``ConfigError`` line
+naming the key, its (redacted) value, where it came from and what is wrong.
+``apply_env`` maps ``FENCEGATE_*`` variables onto the raw document::
+
+    FENCEGATE_LISTEN  FENCEGATE_METRICS_LISTEN  FENCEGATE_ALLOW_REMOTE
+    FENCEGATE_MAX_BODY_BYTES  FENCEGATE_REQUEST_TIMEOUT_MS  FENCEGATE_SHUTDOWN_TIMEOUT_MS
+    FENCEGATE_TLS_CERT  FENCEGATE_TLS_KEY
+    FENCEGATE_LOCKS_<KEY>           e.g. FENCEGATE_LOCKS_REDIS=redis://a:6379,redis://b:6379,...
+    FENCEGATE_STORES_<NAME>_<KEY>   e.g. FENCEGATE_STORES_KV_DSN=postgresql://...
+
+``<NAME>`` is the store name upper-cased with ``-`` as ``_`` (a store that
+the file does not name is created lower-cased); lists are comma-separated.
+Other ``FENCEGATE_*`` variables (``FENCEGATE_URL``, ``FENCEGATE_API_KEY``,
+``FENCEGATE_CONFIG``) are not server settings and are ignored here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, NoReturn, cast
+from urllib.parse import urlsplit, urlunsplit
+
+from gateway.errors import ConfigError
+
+__all__ = [
+    "AUTH_KEY_KEYS",
+    "LOCKS_KEYS",
+    "STORE_KEYS",
+    "TOP_KEYS",
+    "Reader",
+    "apply_env",
+    "redact",
+    "set_path",
+]
+
+TOP_KEYS: Final = {
+    "listen", "metrics_listen", "allow_remote", "max_body_bytes", "request_timeout_ms",
+    "shutdown_timeout_ms", "locks", "stores", "auth", "tls",
+}  # fmt: skip
+LOCKS_KEYS: Final = {
+    "redis", "node_timeout_ms", "min_ttl_ms", "max_ttl_ms", "max_wait_ms", "default_ttl_ms",
+    "default_wait_ms", "issued_cache_size",
+}  # fmt: skip
+STORE_KEYS: Final = {
+    "type", "dsn", "schema", "table", "key_column", "columns", "root", "fencing",
+    "pool_min", "pool_max", "command_timeout_ms", "acquire_timeout_ms",
+}  # fmt: skip
+AUTH_KEY_KEYS: Final = {"name", "sha256", "locks", "stores", "verbs"}
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of a URL in it replaced by ``***``."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return text
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+class Reader:
+    """Typed access to raw values; every failure names the key, its value and its origin."""
+
+    def __init__(self, origins: Mapping[str, str]) -> None:
+        self.origins = origins
+
+    def fail(self, path: str, value: object, problem: str) -> NoReturn:
+        origin = self.origins.get(path)
+        where = f"config {path!r}" + (f" (from {origin})" if origin else "")
+        raise ConfigError(f"{where} has value {show(path, value)}: {problem}")
+
+    def known(self, t: Mapping[str, Any], allowed: set[str], where: str) -> None:
+        for key in t:
+            if key not in allowed:
+                path = f"{where}.{key}" if where else key
+                known = ", ".join(sorted(allowed))
+                raise ConfigError(f"config key {path!r} is unknown; known keys here: {known}")
+
+    def table(self, t: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = t.get(key, {})
+        if not isinstance(value, Mapping):
+            self.fail(key, value, "must be a table")
+        return value
+
+    def string(self, t: Mapping[str, Any], key: str, path: str) -> str | None:
+        value = t.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            self.fail(path, value, "must be a non-empty string")
+        return value
+
+    def strings(self, t: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
+        value = t.get(key, [])
+        if isinstance(value, str) and path.rpartition(".")[2] in ("redis", "columns"):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(path, value, "must be a list of strings")
+        return tuple(value)
+
+    def choice(
+        self,
+        t: Mapping[str, Any],
+        key: str,
+        path: str,
+        allowed: tuple[str, ...],
+        default: str | None,
+    ) -> str:
+        value = t.get(key, default)
+        if value not in allowed:
+            self.fail(path, value, f"must be one of {', '.join(map(repr, allowed))}")
+        return cast(str, value)
+
+    def integer(
+        self, t: Mapping[str, Any], key: str, path: str, default: int, *, low: int = 1
+    ) -> int:
+        value = t.get(key, default)
+        if isinstance(value, str) and path in self.origins and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, value, "must be a whole number")
+        if value < low:
+            self.fail(path, value, f"must be at least {low}")
+        return value
+
+    def ms(self, t: Mapping[str, Any], key: str, path: str, default: int, *, low: int = 1) -> float:
+        return self.integer(t, key, path, default, low=low) / 1000
+
+    def boolean(self, t: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+        value = t.get(key, default)
+        if isinstance(value, str) and path in self.origins:
+            value = {
+                "true": True,
+                "1": True,
+                "yes": True,
+                "false": False,
+                "0": False,
+                "no": False,
+            }.get(value.strip().lower(), value)
+        if not isinstance(value, bool):
+            self.fail(path, value, "must be true or false")
+        return value
+
+    def address(self, t: Mapping[str, Any], key: str) -> tuple[str, int] | None:
+        value = t.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.fail(key, value, "must be 'host:port'")
+        host, sep, port = value.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            self.fail(key, value, "must be 'host:port' (IPv6 as '[::1]:8080')")
+        return host, int(port)
+
+    def file(self, t: Mapping[str, Any], key: str, path: str) -> str:
+        value = self.string(t, key, path)
+        if value is None:
+            self.fail(path, value, "[tls] needs both cert and key")
+        if not Path(value).is_file():
+            self.fail(path, value, "no such file")
+        return value
+
+
+def show(path: str, value: object) -> str:
+    """``value`` for an error message, with URL passwords redacted."""
+    if isinstance(value, str):
+        return repr(redact(value))
+    if isinstance(value, list | tuple) and path.endswith("redis"):
+        return repr([redact(v) if isinstance(v, str) else v for v in value])
+    if path.endswith("dsn"):
+        return "<hidden>"
+    return repr(value)
+
+
+def set_path(raw: dict[str, Any], path: list[str], value: object) -> None:
+    node = raw
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key {'.'.join(path)!r} cannot be set: {part!r} is a value")
+        node = child
+    node[path[-1]] = value
+
+
+_ENV_TOP: Final = {
+    "LISTEN": "listen",
+    "METRICS_LISTEN": "metrics_listen",
+    "ALLOW_REMOTE": "allow_remote",
+    "MAX_BODY_BYTES": "max_body_bytes",
+    "REQUEST_TIMEOUT_MS": "request_timeout_ms",
+    "SHUTDOWN_TIMEOUT_MS": "shutdown_timeout_ms",
+}
+
+
+def apply_env(raw: dict[str, Any], env: Mapping[str, str], origins: dict[str, str]) -> None:
+    stores = raw.get("stores")
+    existing = list(stores) if isinstance(stores, dict) else []
+    for var in sorted(env):
+        if not var.startswith("FENCEGATE_"):
+            continue
+        rest = var[len("FENCEGATE_") :]
+        value: object = env[var]
+        if rest in _ENV_TOP:
+            path = [_ENV_TOP[rest]]
+        elif rest.startswith("LOCKS_") and rest[6:].lower() in LOCKS_KEYS:
+            path = ["locks", rest[6:].lower()]
+        elif rest in ("TLS_CERT", "TLS_KEY"):
+            path = ["tls", rest[4:].lower()]
+        elif rest.startswith("STORES_"):
+            path = _store_env_path(var, rest[7:], existing)
+        elif rest.startswith(("LOCKS_", "TLS_", "AUTH_")):
+            raise ConfigError(f"environment variable {var} is not a fencegate setting")
+        else:
+            continue  # FENCEGATE_URL, FENCEGATE_API_KEY, FENCEGATE_CONFIG: not server settings
+        if path[-1] in ("redis", "columns"):
+            value = [v.strip() for v in env[var].split(",") if v.strip()]
+        set_path(raw, path, value)
+        origins[".".join(path)] = var
+
+
+def _store_env_path(var: str, rest: str, existing: list[str]) -> list[str]:
+    for key in sorted(STORE_KEYS, key=len, reverse=True):
+        suffix = "_" + key.upper()
+        if rest.endswith(suffix) and len(rest) > len(suffix):
+            wanted = rest[: -len(suffix)]
+            name = next(
+                (n for n in existing if n.upper().replace("-", "_") == wanted), wanted.lower()
+            )
+            return ["stores", name, key]
+    raise ConfigError(
+        f"environment variable {var} is not a fencegate setting: "
+        f"use FENCEGATE_STORES_<NAME>_<KEY> with KEY one of {', '.join(sorted(STORE_KEYS))}"
+    )

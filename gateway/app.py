@@ -1,0 +1,186 @@
+"""``create_app``: the aiohttp application, its middlewares, routes and resources.
+
+Resources live in ``cleanup_ctx`` generators, started in order and closed in
+reverse: metrics, then the lock manager (which reports to them), then the
+stores. Each is stored under a typed ``web.AppKey`` (``gateway.state``).
+The app holds no lock state another replica would need, so any number of
+them can serve the same Redis nodes and the same storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Final
+
+from aiohttp import web
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+)
+
+from gateway.config import Config, StoreConfig
+from gateway.errors import StartupError
+from gateway.metrics import Metrics
+from gateway.middlewares import MIDDLEWARES
+from gateway.routes import add_routes
+from gateway.state import CONFIG, LOCKS, METRICS, STATE, STORES, GatewayState, StoreEntry
+from lockservice import LockManager
+from storage_adapters import (
+    FencedStore,
+    FileStore,
+    PostgresLegacyStore,
+    PostgresStore,
+    StorageError,
+    StoreHooks,
+)
+
+__all__ = [
+    "CONFIG",
+    "LOCKS",
+    "METRICS",
+    "STATE",
+    "STORES",
+    "StartupError",
+    "build_store",
+    "create_app",
+    "start_draining",
+]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_TIMEOUT: Final = 10.0
+
+
+def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
+    """The gateway for ``config``; metrics go to ``registry`` (default: a new one).
+
+    Nothing connects until the app starts (``AppRunner.setup`` or the
+    ``aiohttp_client`` fixture); a store that cannot start fails the startup
+    with ``StartupError``.
+    """
+    if registry is None:
+        registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+    app = web.Application(middlewares=MIDDLEWARES, client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    app[STATE] = GatewayState(config.locks.issued_cache_size)
+    add_routes(app, registry)
+    app.cleanup_ctx.append(_metrics_ctx(registry))
+    app.cleanup_ctx.append(_locks_ctx)
+    app.cleanup_ctx.append(_stores_ctx)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+def start_draining(app: web.Application) -> None:
+    """From now on /readyz answers 503 and new acquires and writes are refused."""
+    if not app[STATE].draining:
+        app[STATE].draining = True
+        log.info("draining: /readyz is 503, requests in flight finish, no new writes start")
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    start_draining(app)
+
+
+def _metrics_ctx(
+    registry: CollectorRegistry,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[METRICS] = Metrics.create(registry)
+        yield
+
+    return metrics_ctx
+
+
+async def _locks_ctx(app: web.Application) -> AsyncIterator[None]:
+    locks = app[CONFIG].locks
+    manager = await LockManager.connect(
+        locks.redis,
+        node_timeout=locks.node_timeout,
+        min_ttl=locks.min_ttl,
+        max_ttl=locks.max_ttl,
+        max_wait=locks.max_wait,
+        events=app[METRICS],
+    )
+    app[LOCKS] = manager
+    try:
+        yield
+    finally:
+        await manager.close()
+
+
+def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
+    """The adapter for ``[stores.<name>]`` (not started)."""
+    if config.type == "files":
+        assert config.root is not None  # checked by config
+        return FileStore(config.name, config.root, hooks=hooks)
+    assert config.dsn is not None  # checked by config
+    if config.table is not None:
+        assert config.key_column is not None
+        return PostgresLegacyStore(
+            config.name,
+            config.dsn,
+            table=config.table,
+            key_column=config.key_column,
+            columns=config.columns,
+            schema=config.schema,
+            pool_min=config.pool_min,
+            pool_max=config.pool_max,
+            command_timeout=config.command_timeout,
+            acquire_timeout=config.acquire_timeout,
+            hooks=hooks,
+        )
+    return PostgresStore(
+        config.name,
+        config.dsn,
+        schema=config.schema,
+        pool_min=config.pool_min,
+        pool_max=config.pool_max,
+        command_timeout=config.command_timeout,
+        acquire_timeout=config.acquire_timeout,
+        hooks=hooks,
+    )
+
+
+async def _stores_ctx(app: web.Application) -> AsyncIterator[None]:
+    stores: dict[str, StoreEntry] = {}
+    try:
+        for store_config in app[CONFIG].stores.values():
+            try:
+                store = build_store(store_config, app[METRICS])
+            except ValueError as exc:
+                raise StartupError(f"store {store_config.name!r}: {exc}") from exc
+            try:
+                await store.start()
+            except StorageError as exc:
+                await _close(store)
+                raise StartupError(f"store {store_config.name!r} could not start: {exc}") from exc
+            stores[store_config.name] = StoreEntry(store_config, store)
+            log.info("%s", store_config.describe())
+            if store_config.fencing == "none":
+                log.warning(
+                    "!!! store %r has fencing = 'none': writes are NOT checked against "
+                    "fencing tokens; stale writes WILL be applied (benchmark baseline only) !!!",
+                    store_config.name,
+                )
+        app[STORES] = stores
+        yield
+    finally:
+        await asyncio.gather(*(_close(entry.store) for entry in stores.values()))
+
+
+async def _close(store: FencedStore) -> None:
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT):
+            await store.close()
+    except (StorageError, TimeoutError, OSError) as exc:
+        task = asyncio.current_task()
+        if isinstance(exc, TimeoutError) and task is not None and task.cancelling():
+            raise
+        log.warning("store %r did not close cleanly: %s", store.name, exc)

@@ -1,0 +1,376 @@
+"""Configuration: one TOML file, then ``FENCEGATE_*`` environment variables, then CLI flags.
+
+Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
+
+    listen = "127.0.0.1:8080"        metrics_listen = "127.0.0.1:9108"   (optional, /metrics only)
+    allow_remote = false             max_body_bytes = 8388608
+    request_timeout_ms = 60000       shutdown_timeout_ms = 30000
+    [locks]  redis = [urls]  node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
+             max_wait_ms = 30000  default_ttl_ms = 10000  default_wait_ms = 0
+             issued_cache_size = 100000
+    [stores.<name>]  type = "postgres" | "files"   fencing = "token" | "lease" | "none"
+             postgres: dsn, schema = "public", pool_min = 1, pool_max = 10,
+                       command_timeout_ms = 10000, acquire_timeout_ms = 5000,
+                       table, key_column, columns (a legacy table; all three or none)
+             files:    root
+    [[auth.keys]]  name, sha256 (hex of the key), locks, stores (prefixes, none by
+             default; "" allows all), verbs (lock, read, write; all by default)
+    [tls]  cert, key
+
+Every key can be overridden by a ``FENCEGATE_*`` environment variable (see
+``gateway/_sources.py``: ``FENCEGATE_LOCKS_REDIS=redis://a,redis://b,redis://c``,
+``FENCEGATE_STORES_KV_DSN=...``), except auth keys, which come from the file only.
+With no file and no ``FENCEGATE_STORES_*`` the gateway serves one files store,
+``files``, under ``./fencegate-data``; with no ``[locks] redis`` it uses the
+in-process lock backend (one gateway only).
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, cast
+from urllib.parse import urlsplit
+
+from gateway._sources import (
+    AUTH_KEY_KEYS,
+    LOCKS_KEYS,
+    STORE_KEYS,
+    TOP_KEYS,
+    Reader,
+    apply_env,
+    redact,
+    set_path,
+)
+from gateway.errors import ConfigError
+from lockservice.node import parse_node_url
+
+__all__ = [
+    "Address",
+    "ApiKey",
+    "Config",
+    "ConfigError",
+    "LocksConfig",
+    "StoreConfig",
+    "TlsConfig",
+    "load_config",
+    "parse_config",
+    "redact",
+]
+Fencing = Literal["token", "lease", "none"]
+VERBS: Final = frozenset({"lock", "read", "write"})
+_STORE_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
+_POSTGRES_ONLY: Final = (
+    "dsn", "schema", "table", "key_column", "columns", "pool_min", "pool_max",
+    "command_timeout_ms", "acquire_timeout_ms",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A TCP listen address."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to anything
+
+
+@dataclass(frozen=True, slots=True)
+class LocksConfig:
+    """``[locks]``: the Redis nodes (none: in-process backend) and limits, in seconds."""
+
+    redis: tuple[str, ...] = ()
+    node_timeout: float = 0.2
+    min_ttl: float = 0.01
+    max_ttl: float = 300.0
+    max_wait: float = 30.0
+    default_ttl: float = 10.0
+    default_wait: float = 0.0
+    issued_cache_size: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """``[stores.<name>]``."""
+
+    name: str
+    type: Literal["postgres", "files"]
+    fencing: Fencing = "token"
+    dsn: str | None = field(default=None, repr=False)
+    schema: str = "public"
+    pool_min: int = 1
+    pool_max: int = 10
+    command_timeout: float = 10.0
+    acquire_timeout: float = 5.0
+    table: str | None = None
+    key_column: str | None = None
+    columns: tuple[str, ...] = ()
+    root: str | None = None
+
+    def describe(self) -> str:
+        """One line for the log, without secrets."""
+        if self.type == "files":
+            what = f"files under {self.root}"
+        elif self.table:
+            what = f"postgres table {self.table} ({self.key_column}; {', '.join(self.columns)})"
+            what += f" at {redact(self.dsn or '')}"
+        else:
+            what = f"postgres key-value at {redact(self.dsn or '')} schema {self.schema}"
+        return f"store {self.name!r}: {what}, fencing={self.fencing}"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One ``[[auth.keys]]``: the SHA-256 of a bearer key and what it may do."""
+
+    name: str
+    sha256: bytes = field(repr=False)
+    locks: tuple[str, ...] = ()
+    stores: tuple[str, ...] = ()
+    verbs: frozenset[str] = VERBS
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration; build with ``load_config`` or ``parse_config``."""
+
+    listen: Address = Address("127.0.0.1", 8080)
+    locks: LocksConfig = LocksConfig()
+    stores: Mapping[str, StoreConfig] = field(default_factory=dict)
+    auth_keys: tuple[ApiKey, ...] = ()
+    max_body_bytes: int = 8 * 1024 * 1024
+    request_timeout: float = 60.0
+    shutdown_timeout: float = 30.0
+    metrics_listen: Address | None = None
+    allow_remote: bool = False
+    tls: TlsConfig | None = None
+
+
+DEFAULT_STORES: Final = {"files": {"type": "files", "root": "./fencegate-data"}}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Read ``path`` (None: no file), apply ``env`` (``FENCEGATE_*``), then ``overrides``.
+
+    Args:
+        overrides: dotted keys (``"listen"``, ``"locks.redis"``) from command-line flags.
+    Raises:
+        ConfigError: one line naming the key, the value and what is wrong.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    env = {} if env is None else env
+    if path is None and not any(k.startswith("FENCEGATE_STORES_") for k in env):
+        raw["stores"] = copy.deepcopy(DEFAULT_STORES)
+    origins: dict[str, str] = {}
+    apply_env(raw, env, origins)
+    for dotted, value in (overrides or {}).items():
+        set_path(raw, dotted.split("."), value)
+        origins[dotted] = "command line"
+    return parse_config(raw, origins=origins)
+
+
+def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = None) -> Config:
+    """Validate a TOML document (already parsed) into a ``Config``."""
+    r = Reader(origins or {})
+    r.known(raw, TOP_KEYS, "")
+    locks = _parse_locks(r, r.table(raw, "locks"))
+    stores: dict[str, StoreConfig] = {}
+    for name, table in r.table(raw, "stores").items():
+        stores[name] = _parse_store(r, name, table)
+    keys = _parse_auth(r, r.table(raw, "auth"))
+    listen = _address(r, raw, "listen") or Address("127.0.0.1", 8080)
+    tls_raw = r.table(raw, "tls")
+    r.known(tls_raw, {"cert", "key"}, "tls")
+    tls = None
+    if tls_raw:
+        tls = TlsConfig(r.file(tls_raw, "cert", "tls.cert"), r.file(tls_raw, "key", "tls.key"))
+    allow_remote = r.boolean(raw, "allow_remote", "allow_remote", False)
+    if not listen.loopback and not keys and not allow_remote:
+        r.fail(
+            "listen",
+            str(listen),
+            "a non-loopback address with no [[auth.keys]] lets anyone who can reach it "
+            "take locks and write; add [[auth.keys]] or set allow_remote = true",
+        )
+    request_timeout = r.ms(raw, "request_timeout_ms", "request_timeout_ms", 60_000)
+    if request_timeout <= locks.max_wait:
+        r.fail(
+            "request_timeout_ms",
+            int(request_timeout * 1000),
+            f"must exceed locks.max_wait_ms ({int(locks.max_wait * 1000)}) "
+            "or a waiting acquire is cut off",
+        )
+    return Config(
+        listen=listen,
+        locks=locks,
+        stores=stores,
+        auth_keys=keys,
+        max_body_bytes=r.integer(raw, "max_body_bytes", "max_body_bytes", 8 << 20, low=1),
+        request_timeout=request_timeout,
+        shutdown_timeout=r.ms(raw, "shutdown_timeout_ms", "shutdown_timeout_ms", 30_000, low=0),
+        metrics_listen=_address(r, raw, "metrics_listen"),
+        allow_remote=allow_remote,
+        tls=tls,
+    )
+
+
+def _address(r: Reader, raw: Mapping[str, Any], key: str) -> Address | None:
+    parsed = r.address(raw, key)
+    return None if parsed is None else Address(*parsed)
+
+
+def _parse_locks(r: Reader, t: Mapping[str, Any]) -> LocksConfig:
+    r.known(t, LOCKS_KEYS, "locks")
+    urls = r.strings(t, "redis", "locks.redis")
+    if len(urls) not in (0, 1, 3, 5):
+        r.fail("locks.redis", urls, f"{len(urls)} nodes given; use 1, 3 or 5 independent nodes")
+    for url in urls:
+        try:
+            parse_node_url(url)
+        except ValueError as exc:
+            r.fail("locks.redis", urls, str(exc))
+    if len({parse_node_url(u).label for u in urls}) != len(urls):
+        r.fail("locks.redis", urls, "the same node is listed twice")
+    locks = LocksConfig(
+        redis=urls,
+        node_timeout=r.ms(t, "node_timeout_ms", "locks.node_timeout_ms", 200),
+        min_ttl=r.ms(t, "min_ttl_ms", "locks.min_ttl_ms", 10),
+        max_ttl=r.ms(t, "max_ttl_ms", "locks.max_ttl_ms", 300_000),
+        max_wait=r.ms(t, "max_wait_ms", "locks.max_wait_ms", 30_000, low=0),
+        default_ttl=r.ms(t, "default_ttl_ms", "locks.default_ttl_ms", 10_000),
+        default_wait=r.ms(t, "default_wait_ms", "locks.default_wait_ms", 0, low=0),
+        issued_cache_size=r.integer(t, "issued_cache_size", "locks.issued_cache_size", 100_000),
+    )
+    if locks.max_ttl < locks.min_ttl:
+        r.fail("locks.max_ttl_ms", int(locks.max_ttl * 1000), "is below locks.min_ttl_ms")
+    if not locks.min_ttl <= locks.default_ttl <= locks.max_ttl:
+        r.fail("locks.default_ttl_ms", int(locks.default_ttl * 1000), "is outside min..max ttl")
+    if locks.default_wait > locks.max_wait:
+        r.fail("locks.default_wait_ms", int(locks.default_wait * 1000), "exceeds max_wait_ms")
+    return locks
+
+
+def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
+    where = f"stores.{name}"
+    if not _STORE_NAME.fullmatch(name):
+        r.fail(where, name, "a store name is 1-64 characters of A-Z a-z 0-9 _ -")
+    if not isinstance(t, Mapping):
+        r.fail(where, t, "must be a table")
+    r.known(t, STORE_KEYS, where)
+    kind = r.choice(t, "type", f"{where}.type", ("postgres", "files"), None)
+    fencing = r.choice(t, "fencing", f"{where}.fencing", ("token", "lease", "none"), "token")
+    if kind == "files":
+        for key in _POSTGRES_ONLY:
+            if key in t:
+                r.fail(f"{where}.{key}", t[key], "only for type = 'postgres'")
+        root = r.string(t, "root", f"{where}.root")
+        if root is None:
+            r.fail(f"{where}.root", None, "a files store needs root = <directory>")
+        return StoreConfig(name, "files", cast(Fencing, fencing), root=root)
+    if "root" in t:
+        r.fail(f"{where}.root", t["root"], "only for type = 'files'")
+    dsn = r.string(t, "dsn", f"{where}.dsn")
+    if dsn is None or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
+        r.fail(f"{where}.dsn", dsn, "a postgres store needs dsn = 'postgresql://...'")
+    table = r.string(t, "table", f"{where}.table")
+    key_column = r.string(t, "key_column", f"{where}.key_column")
+    columns = r.strings(t, "columns", f"{where}.columns")
+    if table is None and (key_column is not None or columns):
+        bad = "key_column" if key_column is not None else "columns"
+        r.fail(f"{where}.{bad}", t[bad], "only with table = <an existing table>")
+    if table is not None:
+        if key_column is None:
+            r.fail(f"{where}.key_column", None, f"table {table!r} needs key_column")
+        if not columns:
+            r.fail(f"{where}.columns", [], "name the columns a client may write")
+        if len(set(columns)) != len(columns) or key_column in columns:
+            r.fail(f"{where}.columns", columns, "repeats a column or the key column")
+    pool_min = r.integer(t, "pool_min", f"{where}.pool_min", 1, low=0)
+    pool_max = r.integer(t, "pool_max", f"{where}.pool_max", 10, low=1)
+    if pool_min > pool_max:
+        r.fail(f"{where}.pool_min", pool_min, f"exceeds pool_max ({pool_max})")
+    return StoreConfig(
+        name,
+        "postgres",
+        cast(Fencing, fencing),
+        dsn=dsn,
+        schema=r.string(t, "schema", f"{where}.schema") or "public",
+        pool_min=pool_min,
+        pool_max=pool_max,
+        command_timeout=r.ms(t, "command_timeout_ms", f"{where}.command_timeout_ms", 10_000),
+        acquire_timeout=r.ms(t, "acquire_timeout_ms", f"{where}.acquire_timeout_ms", 5_000),
+        table=table,
+        key_column=key_column,
+        columns=columns,
+    )
+
+
+def _parse_auth(r: Reader, t: Mapping[str, Any]) -> tuple[ApiKey, ...]:
+    r.known(t, {"keys"}, "auth")
+    entries = t.get("keys", [])
+    if not isinstance(entries, list):
+        r.fail("auth.keys", entries, "must be an array of tables: [[auth.keys]]")
+    keys: list[ApiKey] = []
+    for i, entry in enumerate(entries):
+        where = f"auth.keys[{i}]"
+        if not isinstance(entry, Mapping):
+            r.fail(where, entry, "must be a table")
+        r.known(entry, AUTH_KEY_KEYS, where)
+        name = r.string(entry, "name", f"{where}.name")
+        if not name:
+            r.fail(f"{where}.name", name, "every key needs a name (for logs and metrics)")
+        digest = r.string(entry, "sha256", f"{where}.sha256")
+        if digest is None or not _HEX64.fullmatch(digest):
+            r.fail(f"{where}.sha256", digest, "must be the 64 hex digits of the key's SHA-256")
+        verbs = r.strings(entry, "verbs", f"{where}.verbs") if "verbs" in entry else tuple(VERBS)
+        if not set(verbs) <= VERBS:
+            r.fail(f"{where}.verbs", verbs, f"verbs are {', '.join(sorted(VERBS))}")
+        key = ApiKey(
+            name,
+            bytes.fromhex(digest),
+            locks=r.strings(entry, "locks", f"{where}.locks"),
+            stores=r.strings(entry, "stores", f"{where}.stores"),
+            verbs=frozenset(verbs),
+        )
+        if any(k.sha256 == key.sha256 for k in keys):
+            r.fail(f"{where}.sha256", digest, "the same key is configured twice")
+        if any(k.name == key.name for k in keys):
+            r.fail(f"{where}.name", name, "the same name is used twice")
+        keys.append(key)
+    return tuple(keys)

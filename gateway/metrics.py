@@ -1,0 +1,251 @@
+"""Every Prometheus metric of fencegate, in one frozen ``Metrics``.
+
+``Metrics`` implements lockservice's ``LockEvents`` and storage_adapters'
+``StoreHooks``, so neither package imports prometheus. Labels come from
+small fixed sets (``result``, ``reason``, ``operation``, ``store``, ``node``
+as host:port, the route template, the method, the status); a lock name, key,
+token or lease_id is never a label.
+
+Hold time and leases held are what this gateway replica saw: a lease granted
+here and released here (hold time), or granted here and neither released
+nor expired yet (leases held). The gateway keeps no lock state, so a lease
+renewed or released through another replica counts there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["NODE_STATES", "LeaseTracker", "Metrics"]
+
+NAMESPACE: Final = "fencegate"
+NODE_STATES: Final = ("connected", "healthy", "unsynced", "quarantined", "down")
+_WAIT_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+_HOLD_BUCKETS: Final = (
+    0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+)  # fmt: skip
+_NODE_BUCKETS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+_IO_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+_HTTP_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+class LeaseTracker:
+    """Leases granted through this replica: when, and until when (bounded, thread-safe).
+
+    Values are on ``time.monotonic()``; the gauge reads them from the scrape thread.
+    """
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._limit = limit
+        self._leases: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def granted(self, lease_id: str, ttl: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._leases[lease_id] = (now, now + ttl)
+            while len(self._leases) > self._limit:
+                self._leases.popitem(last=False)
+
+    def renewed(self, lease_id: str, ttl: float) -> None:
+        with self._lock:
+            entry = self._leases.get(lease_id)
+            if entry is not None:
+                self._leases[lease_id] = (entry[0], time.monotonic() + ttl)
+
+    def ended(self, lease_id: str) -> float | None:
+        """Forget the lease; return how long it was held, if it was granted here."""
+        with self._lock:
+            entry = self._leases.pop(lease_id, None)
+        return None if entry is None else time.monotonic() - entry[0]
+
+    def held(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            for lease_id in [k for k, (_, until) in self._leases.items() if until <= now]:
+                del self._leases[lease_id]
+            return len(self._leases)
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Every metric; build with ``Metrics.create(registry)``."""
+
+    lock_acquisitions: Counter
+    acquire_wait: Histogram
+    hold_time: Histogram
+    leases_held: Gauge
+    leases_lost: Counter
+    releases: Counter
+    renewals: Counter
+    node_latency: Histogram
+    node_errors: Counter
+    node_state_gauge: Gauge
+    quorum_failures: Counter
+    waiters: Gauge
+    fencing_rejections: Counter
+    storage_writes: Counter
+    storage_write_latency: Histogram
+    http_requests: Counter
+    http_latency: Histogram
+    leases: LeaseTracker = field(default_factory=LeaseTracker)
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> Metrics:
+        """Register every metric in ``registry`` (tests pass a fresh ``CollectorRegistry()``)."""
+        r: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
+        leases = LeaseTracker()
+        held = Gauge(
+            "leases_held", "Leases granted through this gateway, not released or expired", **r
+        )
+        held.set_function(lambda: float(leases.held()))
+        return cls(
+            lock_acquisitions=Counter(
+                "lock_acquisitions", "Lock acquire attempts, by result", ["result"], **r
+            ),
+            acquire_wait=Histogram(
+                "lock_acquire_wait_seconds",
+                "Time from an acquire request to its grant or refusal (contention)",
+                ["result"],
+                buckets=_WAIT_BUCKETS,
+                **r,
+            ),
+            hold_time=Histogram(
+                "lock_hold_seconds",
+                "Time from grant to release of leases granted through this gateway",
+                buckets=_HOLD_BUCKETS,
+                **r,
+            ),
+            leases_held=held,
+            leases_lost=Counter(
+                "leases_lost",
+                "Holders that learned their lease was gone, by reason",
+                ["reason"],
+                **r,
+            ),
+            releases=Counter("lock_releases", "Lock releases, by result", ["result"], **r),
+            renewals=Counter("lock_renewals", "Lease renewals, by result", ["result"], **r),
+            node_latency=Histogram(
+                "redis_node_latency_seconds",
+                "Latency of one command to one Redis node",
+                ["node"],
+                buckets=_NODE_BUCKETS,
+                **r,
+            ),
+            node_errors=Counter(
+                "redis_node_errors", "Commands a Redis node failed or did not answer", ["node"], **r
+            ),
+            node_state_gauge=Gauge(
+                "redis_node_state",
+                "1 for the current state of each Redis node",
+                ["node", "state"],
+                **r,
+            ),
+            quorum_failures=Counter(
+                "quorum_failures", "Operations without a majority of nodes", ["operation"], **r
+            ),
+            waiters=Gauge("lock_waiters", "Acquires waiting for a held lock", **r),
+            fencing_rejections=Counter(
+                "fencing_rejections",
+                "Writes and fenced reads refused by fencing, by store and reason",
+                ["store", "reason"],
+                **r,
+            ),
+            storage_writes=Counter(
+                "storage_writes",
+                "Store puts and deletes, by store and result",
+                ["store", "result"],
+                **r,
+            ),
+            storage_write_latency=Histogram(
+                "storage_write_duration_seconds",
+                "Duration of one store put or delete, check included",
+                ["store"],
+                buckets=_IO_BUCKETS,
+                **r,
+            ),
+            http_requests=Counter(
+                "http_requests",
+                "HTTP requests, by route template, method and status",
+                ["route", "method", "status"],
+                **r,
+            ),
+            http_latency=Histogram(
+                "http_request_duration_seconds",
+                "HTTP request duration, by route template and method",
+                ["route", "method"],
+                buckets=_HTTP_BUCKETS,
+                **r,
+            ),
+            leases=leases,
+        )
+
+    # lockservice.LockEvents
+    def acquire_done(self, result: str, wait_seconds: float) -> None:
+        self.lock_acquisitions.labels(result).inc()
+        self.acquire_wait.labels(result).observe(wait_seconds)
+
+    def waiting(self, delta: int) -> None:
+        self.waiters.inc(delta)
+
+    def released(self, hold_seconds: float, result: str) -> None:
+        # hold_seconds is not known to the lock service for HTTP leases: see lease_ended.
+        self.releases.labels(result).inc()
+
+    def renewed(self, result: str) -> None:
+        self.renewals.labels(result).inc()
+
+    def lease_lost(self, reason: str) -> None:
+        self.leases_lost.labels(reason).inc()
+
+    def node_call(self, node: str, seconds: float, ok: bool) -> None:
+        self.node_latency.labels(node).observe(seconds)
+        if not ok:
+            self.node_errors.labels(node).inc()
+
+    def quorum_failed(self, operation: str) -> None:
+        self.quorum_failures.labels(operation).inc()
+
+    def node_state(self, node: str, state: str) -> None:
+        for known in {*NODE_STATES, state}:
+            self.node_state_gauge.labels(node, known).set(1.0 if known == state else 0.0)
+
+    # storage_adapters.StoreHooks
+    def write_done(self, store: str, seconds: float, ok: bool) -> None:
+        self.storage_writes.labels(store, "ok" if ok else "failed").inc()
+        self.storage_write_latency.labels(store).observe(seconds)
+
+    def rejected(self, store: str, reason: str) -> None:
+        self.fencing_rejections.labels(store, reason).inc()
+
+    # the gateway's own
+    def lease_granted(self, lease_id: str, ttl: float) -> None:
+        self.leases.granted(lease_id, ttl)
+
+    def lease_renewed(self, lease_id: str, ttl: float) -> None:
+        self.leases.renewed(lease_id, ttl)
+
+    def lease_ended(self, lease_id: str) -> None:
+        held = self.leases.ended(lease_id)
+        if held is not None:
+            self.hold_time.observe(held)
+
+    def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(route, method, str(status)).inc()
+        self.http_latency.labels(route, method).observe(seconds)

@@ -1,0 +1,199 @@
+"""The gateway's middlewares, outermost first: metrics, errors, auth, drain.
+
+* ``metrics_middleware`` counts every response, labelled with the route
+  template (``/v1/stores/{store}/{key}``), never the raw path.
+* ``error_middleware`` renders every error as JSON with the status from
+  ``errors.STATUS`` and enforces ``request_timeout_ms``.
+* ``auth_middleware`` checks the bearer key before anything else looks at the
+  request, when ``[[auth.keys]]`` are configured.
+* ``drain_middleware`` refuses new acquires and writes once shutdown began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+from typing import Final
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.config import ApiKey
+from gateway.errors import (
+    Forbidden,
+    GatewayError,
+    MethodNotAllowed,
+    RequestTimeout,
+    RouteNotFound,
+    ShuttingDown,
+    TooLarge,
+    Unauthorized,
+    error_data,
+    error_headers,
+    status_of,
+)
+from gateway.state import CONFIG, METRICS, STATE
+
+__all__ = [
+    "MIDDLEWARES",
+    "OPEN_PATHS",
+    "auth_middleware",
+    "authenticate",
+    "drain_middleware",
+    "error_middleware",
+    "metrics_middleware",
+    "route_label",
+]
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS: Final = frozenset({"/v1/openapi.json"})
+"""``/v1`` paths that need no key (everything outside ``/v1`` needs none either)."""
+_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+_LOCK_ROUTES: Final = frozenset({"lock_acquire", "lock_renew", "lock_release", "lock_status"})
+_WRITES: Final = frozenset({"store_put", "store_delete", "lock_acquire"})
+
+
+def route_label(request: web.Request) -> str:
+    """The route template of the request, or ``unmatched``: a bounded label."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client went away (nginx's code)
+        raise
+    finally:
+        method = request.method if request.method in _METHODS else "other"
+        request.app[METRICS].request_done(
+            route_label(request), method, status, loop.time() - started
+        )
+
+
+def _json_error(exc: BaseException, status: int) -> web.Response:
+    code = getattr(exc, "code", "error")
+    body = {"error": code, "message": str(exc), **error_data(exc)}
+    return web.json_response(body, status=status, headers=error_headers(exc))
+
+
+def _from_http(exc: web.HTTPException, body_limit: int) -> GatewayError:
+    """aiohttp's own errors (no route, wrong method, body too large) as ours."""
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return MethodNotAllowed(exc.method, set(exc.allowed_methods))
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return TooLarge(None, body_limit)
+    if exc.status == 404:
+        return RouteNotFound("no route for this path; see GET /v1/openapi.json")
+    error = GatewayError(exc.reason.lower())
+    error.code = exc.reason.lower().replace(" ", "_")
+    return error
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    timeout = config.request_timeout
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            try:
+                return await handler(request)
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise
+                err = _from_http(exc, config.max_body_bytes)
+                return _json_error(err, exc.status)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        if not deadline.expired():
+            return _render(request, exc)
+        # Cut off by the deadline: whatever came out of the cancelled call (TimeoutError,
+        # or a driver error raised while it was being cancelled) is a consequence.
+        log.warning(
+            "%s %s cut off by request_timeout_ms: %r", request.method, route_label(request), exc
+        )
+        err = RequestTimeout(f"the request took longer than {timeout:.3f} s (request_timeout_ms)")
+        return _json_error(err, 503)
+
+
+def _render(request: web.Request, exc: Exception) -> web.Response:
+    status = status_of(exc)
+    if status is None:
+        log.exception("unhandled error in %s %s", request.method, route_label(request))
+        return web.json_response(
+            {"error": "internal", "message": "internal error; see the gateway log"}, status=500
+        )
+    if status >= 500:
+        log.warning("%s %s: %s", request.method, route_label(request), exc)
+    return _json_error(exc, status)
+
+
+def authenticate(header: str | None, keys: tuple[ApiKey, ...]) -> ApiKey:
+    """The key for ``Authorization: Bearer <key>``; compares every digest in constant time.
+
+    Raises:
+        Unauthorized: no bearer key, or one that is not configured.
+    """
+    scheme, _, secret = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized("this route needs an 'Authorization: Bearer <key>' header")
+    digest = hashlib.sha256(secret.strip().encode()).digest()
+    found: ApiKey | None = None
+    for key in keys:  # no early exit: the time does not say which key matched
+        if hmac.compare_digest(digest, key.sha256):
+            found = key
+    if found is None:
+        raise Unauthorized("the API key is not known to this gateway")
+    return found
+
+
+def _authorize(key: ApiKey, request: web.Request) -> None:
+    route = request.match_info.route.name or ""
+    info = request.match_info
+    if route in _LOCK_ROUTES:
+        verb, target, prefixes = "lock", info["name"], key.locks
+    elif route == "store_get":
+        verb, target, prefixes = "read", f"{info['store']}/{info['key']}", key.stores
+    elif route in ("store_put", "store_delete"):
+        verb, target, prefixes = "write", f"{info['store']}/{info['key']}", key.stores
+    else:
+        return  # /v1 routes on no lock or key (stats): any valid key; unmatched: 404/405
+    if verb not in key.verbs:
+        raise Forbidden(f"key {key.name!r} may not {verb}")
+    if not any(target.startswith(p) for p in prefixes):
+        what = "lock" if verb == "lock" else "store key"
+        raise Forbidden(f"key {key.name!r} may not {verb} {what} {target!r}")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    keys = request.app[CONFIG].auth_keys
+    if keys and request.path.startswith("/v1/") and request.path not in OPEN_PATHS:
+        key = authenticate(request.headers.get("Authorization"), keys)
+        _authorize(key, request)
+    return await handler(request)
+
+
+@web.middleware
+async def drain_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.app[STATE].draining and request.match_info.route.name in _WRITES:
+        raise ShuttingDown("the gateway is shutting down; retry on another replica")
+    return await handler(request)
+
+
+MIDDLEWARES: Final = (metrics_middleware, error_middleware, auth_middleware, drain_middleware)

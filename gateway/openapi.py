@@ -1,0 +1,324 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at ``GET /v1/openapi.json``.
+
+Written by hand from DESIGN.md; ``tests/gateway/test_openapi.py`` checks
+that its paths and methods are exactly the routes of the app.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any, Final
+
+__all__ = ["openapi"]
+
+JSON: Final = "application/json"
+_NAME_PATTERN: Final = "^[A-Za-z0-9._~:/-]{1,512}$"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/{name}"}
+
+
+def _error(description: str, *codes: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": f"{description} (error: {', '.join(codes)})",
+        "content": {JSON: {"schema": _ref("schemas/Error")}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _ok(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _object(required: list[str], **props: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": props}
+
+
+INT: Final = {"type": "integer", "format": "int64"}
+TOKEN: Final = {"type": "integer", "format": "int64", "minimum": 1}
+STR: Final = {"type": "string"}
+
+_AUTH: Final = {
+    "401": _error("no or unknown bearer key, when [auth] is configured", "unauthorized"),
+    "403": _error("the key may not use this verb or name", "forbidden"),
+}
+_BAD: Final = {"400": _error("malformed request", "bad_request")}
+_QUORUM: Final = {"503": _error("no majority of lock nodes answered", "quorum_unavailable")}
+_LEASE_LOST: Final = {"409": _error("the lease expired or another holds the lock", "lease_lost")}
+_STORE_FAIL: Final = {
+    "400": _error("bad key, token, fence lock or body", "bad_request", "bad_token"),
+    "403": _error(
+        "token greater than any issued for the fence lock, or key outside the bearer "
+        "key's prefixes",
+        "token_not_issued",
+        "forbidden",
+    ),
+    "404": _error("no such store", "unknown_store"),
+    "409": _error(
+        "the token is older than the newest seen for the fence lock (or, with "
+        'fencing = "lease", not the holder\'s)',
+        "stale_token",
+    ),
+    "503": _error("the storage or the lock quorum is unreachable", "storage_unavailable",
+                  "quorum_unavailable", "shutting_down"),
+}  # fmt: skip
+
+
+def _document() -> dict[str, Any]:
+    lock = {"$ref": "#/components/parameters/LockName"}
+    store_params = [
+        {"$ref": "#/components/parameters/Store"},
+        {"$ref": "#/components/parameters/Key"},
+        {"$ref": "#/components/parameters/FencingLock"},
+    ]
+    token_header = {"$ref": "#/components/parameters/FencingToken"}
+    fenced_write = {
+        **_AUTH,
+        **_STORE_FAIL,
+        "428": _error("X-Fencing-Token is missing", "token_required"),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "fencegate",
+            "version": "1",
+            "description": "Distributed locks with fencing tokens, and storage that refuses "
+            "stale writes. Errors are JSON {error, message, ...}.",
+        },
+        "paths": {
+            "/v1/locks/{name}": {
+                "parameters": [lock],
+                "post": {
+                    "operationId": "acquire",
+                    "summary": "Take a lock, waiting up to wait_ms",
+                    "requestBody": {
+                        "required": False,
+                        "content": {JSON: {"schema": _object([], ttl_ms=INT, wait_ms=INT)}},
+                    },
+                    "responses": {
+                        "200": _ok("granted", _ref("schemas/Grant")),
+                        **_BAD,
+                        **_AUTH,
+                        "409": _error(
+                            "another lease holds it",
+                            "lock_held",
+                            headers={"Retry-After": {"schema": INT, "description": "seconds"}},
+                        ),
+                        **_QUORUM,
+                    },
+                },
+                "get": {
+                    "operationId": "status",
+                    "summary": "Whether the lock is held; token of the holder, else newest issued",
+                    "responses": {
+                        "200": _ok("state", _ref("schemas/LockState")),
+                        **_BAD,
+                        **_AUTH,
+                        **_QUORUM,
+                    },
+                },
+                "delete": {
+                    "operationId": "release",
+                    "summary": "Release a lease",
+                    "parameters": [
+                        {"name": "X-Lease-Id", "in": "header", "required": True, "schema": STR}
+                    ],
+                    "responses": {
+                        "204": {"description": "released"},
+                        **_BAD,
+                        **_AUTH,
+                        **_LEASE_LOST,
+                        **_QUORUM,
+                    },
+                },
+            },
+            "/v1/locks/{name}/renew": {
+                "parameters": [lock],
+                "post": {
+                    "operationId": "renew",
+                    "summary": "Extend a lease to ttl_ms from now",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            JSON: {"schema": _object(["lease_id"], lease_id=STR, ttl_ms=INT)}
+                        },
+                    },
+                    "responses": {
+                        "200": _ok("renewed", _ref("schemas/Renewal")),
+                        **_BAD,
+                        **_AUTH,
+                        **_LEASE_LOST,
+                        **_QUORUM,
+                    },
+                },
+            },
+            "/v1/stores/{store}/{key}": {
+                "parameters": store_params,
+                "put": {
+                    "operationId": "put",
+                    "summary": "Write the body if the token is not stale",
+                    "parameters": [{**token_header, "required": True}],
+                    "requestBody": {
+                        "required": True,
+                        "description": "bytes (for a legacy table: a JSON object of columns)",
+                        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    "responses": {
+                        "200": _ok("written", _ref("schemas/Written")),
+                        **fenced_write,
+                        "413": _error("body above max_body_bytes", "too_large"),
+                    },
+                },
+                "get": {
+                    "operationId": "get",
+                    "summary": "Read; with X-Fencing-Token a fenced read that raises the mark",
+                    "parameters": [token_header],
+                    "responses": {
+                        "200": {
+                            "description": "the body, with its stored content type",
+                            "headers": {
+                                "X-Fencing-Token": {
+                                    "schema": TOKEN,
+                                    "description": "token of the last accepted write",
+                                }
+                            },
+                            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+                        },
+                        **_AUTH,
+                        **_STORE_FAIL,
+                        "404": _error("no such store or key", "unknown_store", "not_found"),
+                    },
+                },
+                "delete": {
+                    "operationId": "delete",
+                    "summary": "Delete if the token is not stale",
+                    "parameters": [{**token_header, "required": True}],
+                    "responses": {"204": {"description": "deleted (or absent)"}, **fenced_write},
+                },
+            },
+            "/v1/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "summary": "This document",
+                    "responses": {"200": _ok("OpenAPI 3.1", {"type": "object"})},
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "healthz",
+                    "summary": "Liveness",
+                    "responses": {"200": _ok("running", _object(["status"], status=STR))},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "operationId": "readyz",
+                    "summary": "Readiness: lock quorum and every store answer, not draining",
+                    "responses": {
+                        "200": _ok("ready", _ref("schemas/Readiness")),
+                        "503": _ok("not ready; says what is not", _ref("schemas/Readiness")),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {"description": "text format", "content": {"text/plain": {}}}
+                    },
+                }
+            },
+        },
+        "components": _components(),
+        "security": [{}, {"bearer": []}],
+    }
+
+
+def _components() -> dict[str, Any]:
+    return {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "parameters": {
+            "LockName": {
+                "name": "name",
+                "in": "path",
+                "required": True,
+                "description": "may contain '/'; its last segment may not be 'renew'",
+                "schema": {"type": "string", "pattern": _NAME_PATTERN},
+            },
+            "Store": {"name": "store", "in": "path", "required": True, "schema": STR},
+            "Key": {
+                "name": "key",
+                "in": "path",
+                "required": True,
+                "description": "may contain '/'",
+                "schema": {"type": "string", "pattern": _NAME_PATTERN},
+            },
+            "FencingToken": {
+                "name": "X-Fencing-Token",
+                "in": "header",
+                "description": "the lock's token, 1..2**63-1",
+                "schema": TOKEN,
+            },
+            "FencingLock": {
+                "name": "X-Fencing-Lock",
+                "in": "header",
+                "description": "the lock that fences this key; default '{store}/{key}'",
+                "schema": {"type": "string", "pattern": _NAME_PATTERN},
+            },
+        },
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "required": ["error", "message"],
+                "properties": {
+                    "error": STR,
+                    "message": STR,
+                    "retry_after_ms": INT,
+                    "token": INT,
+                    "high_water": INT,
+                    "issued": INT,
+                },
+                "additionalProperties": True,
+            },
+            "Grant": _object(
+                ["name", "token", "lease_id", "ttl_ms"],
+                name=STR,
+                token=TOKEN,
+                lease_id=STR,
+                ttl_ms=INT,
+            ),
+            "Renewal": _object(["name", "token", "ttl_ms"], name=STR, token=TOKEN, ttl_ms=INT),
+            "LockState": _object(
+                ["name", "held", "token", "ttl_ms"],
+                name=STR,
+                held={"type": "boolean"},
+                token=INT,
+                ttl_ms=INT,
+            ),
+            "Written": _object(
+                ["store", "key", "token"], store=STR, key=STR, token={"type": ["integer", "null"]}
+            ),
+            "Readiness": _object(
+                ["ready", "draining", "locks", "stores"],
+                ready={"type": "boolean"},
+                draining={"type": "boolean"},
+                locks=STR,
+                stores={"type": "object", "additionalProperties": STR},
+            ),
+        },
+    }
+
+
+@cache
+def _cached() -> dict[str, Any]:
+    return _document()
+
+
+def openapi() -> dict[str, Any]:
+    """A copy of the document (callers may change it)."""
+    return copy.deepcopy(_cached())

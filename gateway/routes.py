@@ -1,0 +1,345 @@
+"""The HTTP API, version 1 (DESIGN.md "HTTP API"): parse, call, shape JSON.
+
+Every check that refuses a request raises an error from ``gateway.errors``,
+``lockservice`` or ``storage_adapters``; the error middleware renders it.
+Durations are ``_ms`` integers here and float seconds everywhere else.
+
+A store write or fenced read goes through, in order: the store name, the
+key, the token header, the fence scope, the body limit, the fencing guard
+(``_fence``), and then the adapter's atomic check-and-write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from gateway.errors import (
+    BadRequest,
+    BadToken,
+    NotLeaseHolder,
+    TokenRequired,
+    TooLarge,
+    UnknownStore,
+)
+from gateway.openapi import openapi
+from gateway.state import CONFIG, LOCKS, METRICS, STATE, STORES, StoreEntry
+from lockservice import LeaseLost, LockManager, LockServiceError, validate_name
+from storage_adapters.base import DEFAULT_CONTENT_TYPE, MAX_TOKEN, validate_key
+from storage_adapters.errors import StorageError, TokenNotIssued
+
+__all__ = ["add_routes", "parse_token"]
+
+TOKEN_HEADER: Final = "X-Fencing-Token"
+LOCK_HEADER: Final = "X-Fencing-Lock"
+LEASE_HEADER: Final = "X-Lease-Id"
+_TOKEN: Final = re.compile(r"[0-9]{1,19}")
+_LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
+
+routes = web.RouteTableDef()
+
+
+# parsing
+def parse_token(value: str) -> int:
+    """The token in ``X-Fencing-Token``: a positive integer below 2**63.
+
+    Raises:
+        BadToken: anything else (sign, spaces inside, letters, zero, overflow).
+    """
+    if not _TOKEN.fullmatch(value) or not 1 <= int(value) <= MAX_TOKEN:
+        raise BadToken(value)
+    return int(value)
+
+
+def _lock_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    try:
+        validate_name(name)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    if name.rpartition("/")[2] == "renew":
+        raise BadRequest(
+            f"lock name {name!r} is refused: its last segment is 'renew', "
+            "which would make POST /v1/locks/{name}/renew ambiguous"
+        )
+    return name
+
+
+async def _json_object(request: web.Request, fields: set[str]) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields))}")
+    return body
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number in JSON")
+
+
+def _ms(body: Mapping[str, Any], field: str, default: float, low: float, high: float) -> float:
+    """``body[field]`` (milliseconds) as seconds, checked against ``low..high`` seconds."""
+    value = body.get(field)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequest(f"{field} {value!r} is not a number of milliseconds")
+    low_ms, high_ms = round(low * 1000), round(high * 1000)  # config holds whole ms
+    if not low_ms <= value <= high_ms:
+        raise BadRequest(f"{field} {value!r} is outside {low_ms}..{high_ms}")
+    return value / 1000
+
+
+def _millis(seconds: float) -> int:
+    return max(0, math.floor(seconds * 1000))
+
+
+def _lease_id(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _LEASE_ID.fullmatch(value):
+        raise BadRequest(f"{where} must be the lease_id returned by the acquire (32 hex digits)")
+    return value
+
+
+# locks
+@routes.post("/v1/locks/{name:.+}/renew", name="lock_renew")
+async def renew(request: web.Request) -> web.Response:
+    """Extend a lease by its lease_id; reply with its token and new validity."""
+    name = _lock_name(request)
+    locks = request.app[CONFIG].locks
+    body = await _json_object(request, {"lease_id", "ttl_ms"})
+    lease_id = _lease_id(body.get("lease_id"), "lease_id")
+    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
+    # The gateway keeps no lease: a handle (name + id) is all the lock service needs;
+    # its extend confirms the lease with the nodes and returns the lease's token.
+    extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id), ttl)
+    request.app[METRICS].lease_renewed(lease_id, extended.remaining())
+    return web.json_response(
+        {"name": name, "token": extended.token, "ttl_ms": _millis(extended.remaining())}
+    )
+
+
+@routes.post("/v1/locks/{name:.+}", name="lock_acquire")
+async def acquire(request: web.Request) -> web.Response:
+    """Take a lock; wait up to wait_ms for it."""
+    name = _lock_name(request)
+    locks = request.app[CONFIG].locks
+    body = await _json_object(request, {"ttl_ms", "wait_ms"})
+    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
+    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
+    try:
+        lease = await request.app[LOCKS].acquire(name, ttl=ttl, wait=wait)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
+    return web.json_response(
+        {
+            "name": name,
+            "token": lease.token,
+            "lease_id": lease.lease_id,
+            "ttl_ms": _millis(lease.remaining()),
+        }
+    )
+
+
+@routes.delete("/v1/locks/{name:.+}", name="lock_release")
+async def release(request: web.Request) -> web.Response:
+    """Release a lease named by the X-Lease-Id header."""
+    name = _lock_name(request)
+    lease_id = _lease_id(request.headers.get(LEASE_HEADER), f"header {LEASE_HEADER}")
+    metrics = request.app[METRICS]
+    try:
+        await request.app[LOCKS].release(LockManager.handle(name, lease_id))
+    except LeaseLost:
+        metrics.lease_lost("expired")
+        raise
+    finally:
+        metrics.lease_ended(lease_id)
+    return web.Response(status=204)
+
+
+@routes.get("/v1/locks/{name:.+}", name="lock_status", allow_head=False)
+async def status(request: web.Request) -> web.Response:
+    """Whether a lock is held, its token (else the newest issued), time left; no lease_id."""
+    name = _lock_name(request)
+    info = await request.app[LOCKS].inspect(name)
+    return web.json_response(
+        {"name": name, "held": info.held, "token": info.token, "ttl_ms": _millis(info.ttl)}
+    )
+
+
+# stores
+def _target(request: web.Request) -> tuple[StoreEntry, str]:
+    store = request.match_info["store"]
+    stores = request.app[STORES]
+    entry = stores.get(store)
+    if entry is None:
+        raise UnknownStore(store, sorted(stores))
+    return entry, validate_key(request.match_info["key"])
+
+
+def _token(request: web.Request, entry: StoreEntry, *, required: bool) -> int | None:
+    if entry.config.fencing == "none":
+        return None  # the baseline: no check at all (logged loudly at start)
+    value = request.headers.get(TOKEN_HEADER)
+    metrics = request.app[METRICS]
+    if value is None:
+        if not required:
+            return None
+        metrics.rejected(entry.name, "token_required")
+        raise TokenRequired(entry.name)
+    try:
+        return parse_token(value.strip())
+    except BadToken:
+        metrics.rejected(entry.name, "bad_token")
+        raise
+
+
+def _scope(request: web.Request, entry: StoreEntry, key: str, token: int | None) -> str:
+    """The fence scope: the lock named by X-Fencing-Lock, else ``{store}/{key}``.
+
+    Without a token nothing is fenced, so the header does not matter then.
+    """
+    if token is None:
+        return f"{entry.name}/{key}"
+    scope = request.headers.get(LOCK_HEADER, f"{entry.name}/{key}")
+    try:
+        return validate_name(scope)
+    except ValueError as exc:
+        hint = "" if LOCK_HEADER in request.headers else f"; name a shorter one in {LOCK_HEADER}"
+        raise BadRequest(f"fence lock: {exc}{hint}") from None
+
+
+async def _fence(request: web.Request, entry: StoreEntry, scope: str, token: int) -> None:
+    """Refuse a forged token (never issued for ``scope``), and in lease mode a non-holder's.
+
+    A token at or below the cached ``issued`` counter of the scope passes
+    without a lock-service call; above it the counter is read again first.
+    """
+    manager = request.app[LOCKS]
+    metrics = request.app[METRICS]
+    if entry.config.fencing == "lease":
+        info = await manager.inspect(scope)
+        if not info.held or info.token != token:
+            metrics.rejected(entry.name, "not_lease_holder")
+            raise NotLeaseHolder(scope, token, info.token if info.held else None, info.token)
+        return
+    cache = request.app[STATE].issued
+    if cache.covers(scope, token):
+        return
+    issued = await manager.issued(scope)
+    cache.update(scope, issued)
+    if token > issued:
+        metrics.rejected(entry.name, "token_not_issued")
+        raise TokenNotIssued(token, issued, scope=scope)
+
+
+async def _body(request: web.Request) -> bytes:
+    limit = request.app[CONFIG].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise TooLarge(request.content_length, limit)
+    return await request.read()  # client_max_size = limit also stops a chunked body
+
+
+@routes.put("/v1/stores/{store}/{key:.+}", name="store_put")
+async def put(request: web.Request) -> web.Response:
+    """Write the body at the key if the token is not stale."""
+    entry, key = _target(request)
+    token = _token(request, entry, required=True)
+    scope = _scope(request, entry, key, token)
+    body = await _body(request)
+    if token is not None:
+        await _fence(request, entry, scope, token)
+    content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE)
+    stored = await entry.store.put(scope, key, token, body, content_type=content_type)
+    return web.json_response({"store": entry.name, "key": key, "token": stored})
+
+
+@routes.get("/v1/stores/{store}/{key:.+}", name="store_get", allow_head=False)
+async def get(request: web.Request) -> web.Response:
+    """Read the key; with X-Fencing-Token, a fenced read that raises the mark first."""
+    entry, key = _target(request)
+    token = _token(request, entry, required=False)
+    scope = _scope(request, entry, key, token)
+    if token is not None:
+        await _fence(request, entry, scope, token)
+    record = await entry.store.get(scope, key, token)
+    headers = {"Content-Type": record.content_type}
+    if record.token is not None:
+        headers[TOKEN_HEADER] = str(record.token)
+    return web.Response(body=record.body, headers=headers)
+
+
+@routes.delete("/v1/stores/{store}/{key:.+}", name="store_delete")
+async def delete(request: web.Request) -> web.Response:
+    """Delete the key if the token is not stale (a missing key is not an error)."""
+    entry, key = _target(request)
+    token = _token(request, entry, required=True)
+    scope = _scope(request, entry, key, token)
+    if token is not None:
+        await _fence(request, entry, scope, token)
+    await entry.store.delete(scope, key, token)
+    return web.Response(status=204)
+
+
+# service
+@routes.get("/v1/openapi.json", name="openapi", allow_head=False)
+async def openapi_document(request: web.Request) -> web.Response:
+    """This API as an OpenAPI 3 document."""
+    return web.json_response(openapi())
+
+
+@routes.get("/healthz", name="healthz", allow_head=False)
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process runs and its event loop answers."""
+    return web.json_response({"status": "ok"})
+
+
+@routes.get("/readyz", name="readyz", allow_head=False)
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: a lock quorum answers, every store answers, and not shutting down."""
+    timeout = max(request.app[CONFIG].locks.node_timeout * 5, 1.0)
+    stores = request.app[STORES]
+    locks, *pings = await asyncio.gather(
+        _probe(request.app[LOCKS].ready(), timeout, "no quorum of lock nodes answers"),
+        *(_probe(e.store.ping(), timeout, "") for e in stores.values()),
+    )
+    draining = request.app[STATE].draining
+    store_states = dict(zip(stores, pings, strict=True))
+    ready = not draining and locks == "ok" and all(s == "ok" for s in pings)
+    body = {"ready": ready, "draining": draining, "locks": locks, "stores": store_states}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def _probe(check: Any, seconds: float, refused: str) -> str:
+    try:
+        async with asyncio.timeout(seconds):
+            result = await check
+    except TimeoutError:
+        return f"no answer within {seconds:.1f} s"
+    except (StorageError, LockServiceError) as exc:
+        return str(exc)
+    except Exception as exc:  # readiness reports any failure; it must not turn into a 500
+        return f"{type(exc).__name__}: {exc}"
+    return refused if result is False else "ok"
+
+
+def add_routes(app: web.Application, registry: CollectorRegistry) -> None:
+    """Every route of the API, and ``GET /metrics`` for ``registry``."""
+    app.router.add_routes(routes)
+    app.router.add_get("/metrics", make_aiohttp_handler(registry), name="metrics", allow_head=False)

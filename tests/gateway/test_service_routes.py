@@ -1,0 +1,190 @@
+"""/healthz, /readyz, /metrics, /v1/openapi.json, unknown routes and methods, draining."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app, start_draining
+from tests.gateway.conftest import Client, Start, make_config
+
+
+@pytest.fixture
+async def client(start: Start, files_root: Path) -> Client:
+    stores = {"files": {"type": "files", "root": str(files_root)}}
+    return await start(make_config(stores=stores))
+
+
+def app_of(client: Client) -> web.Application:
+    app = client.app
+    assert app is not None
+    return app
+
+
+async def test_healthz(client: Client) -> None:
+    response = await client.get("/healthz")
+    assert response.status == 200
+    assert await response.json() == {"status": "ok"}
+
+
+async def test_readyz_when_ready(client: Client) -> None:
+    response = await client.get("/readyz")
+    assert response.status == 200
+    assert await response.json() == {
+        "ready": True,
+        "draining": False,
+        "locks": "ok",
+        "stores": {"files": "ok"},
+    }
+
+
+async def test_draining_turns_readyz_503_and_refuses_new_writes(client: Client) -> None:
+    grant = await (await client.post("/v1/locks/files/k")).json()
+    start_draining(app_of(client))
+    ready = await client.get("/readyz")
+    assert ready.status == 503
+    assert (await ready.json())["draining"] is True
+    assert (await client.get("/healthz")).status == 200
+    put = await client.put(
+        "/v1/stores/files/k", data=b"x", headers={"X-Fencing-Token": str(grant["token"])}
+    )
+    assert put.status == 503
+    assert (await put.json())["error"] == "shutting_down"
+    acquire = await client.post("/v1/locks/other")
+    assert (await acquire.json())["error"] == "shutting_down"
+    # holders can still finish: reads, renew and release go through
+    assert (await client.get("/v1/locks/files/k")).status == 200
+    release = await client.delete("/v1/locks/files/k", headers={"X-Lease-Id": grant["lease_id"]})
+    assert release.status == 204
+
+
+@pytest.mark.parametrize(
+    "path", ["/nope", "/v1/nope", "/v1/locks", "/v1/stores/files", "/v2/locks/x"]
+)
+async def test_unknown_route_is_404_json(client: Client, path: str) -> None:
+    response = await client.get(path)
+    assert response.status == 404
+    body = await response.json()
+    assert body["error"] == "not_found"
+    assert body["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PATCH", "/v1/locks/x"),
+        ("PUT", "/v1/locks/x"),
+        ("POST", "/v1/stores/files/k"),
+        ("POST", "/healthz"),
+    ],
+)
+async def test_wrong_method_is_405_json(client: Client, method: str, path: str) -> None:
+    response = await client.request(method, path)
+    assert response.status == 405
+    body = await response.json()
+    assert body["error"] == "method_not_allowed"
+    assert set(response.headers["Allow"].split(", ")) == set(body["allowed"])
+
+
+async def test_openapi_lists_exactly_the_routes_of_the_app(client: Client) -> None:
+    response = await client.get("/v1/openapi.json")
+    assert response.status == 200
+    doc = await response.json()
+    assert doc["openapi"].startswith("3.")
+    documented = {
+        (method.upper(), path)
+        for path, item in doc["paths"].items()
+        for method in item
+        if method in {"get", "put", "post", "delete", "patch", "head", "options"}
+    }
+    routed = {
+        (route.method, route.resource.canonical)
+        for route in app_of(client).router.routes()
+        if route.resource is not None
+    }
+    assert documented == routed
+
+
+async def test_openapi_documents_every_error_code_and_header(client: Client) -> None:
+    doc = await (await client.get("/v1/openapi.json")).json()
+    text = str(doc)
+    for code in ("lock_held", "quorum_unavailable", "bad_request", "lease_lost", "token_required",
+                 "bad_token", "stale_token", "token_not_issued", "unknown_store", "too_large",
+                 "not_found", "storage_unavailable", "unauthorized", "forbidden"):  # fmt: skip
+        assert code in text, code
+    for header in ("Retry-After", "X-Fencing-Token", "X-Fencing-Lock", "X-Lease-Id"):
+        assert header in text, header
+    acquire = doc["paths"]["/v1/locks/{name}"]["post"]["responses"]
+    assert set(acquire) >= {"200", "400", "409", "503"}
+    assert "Retry-After" in acquire["409"]["headers"]
+    put = doc["paths"]["/v1/stores/{store}/{key}"]["put"]["responses"]
+    assert set(put) >= {"200", "400", "403", "404", "409", "413", "428", "503"}
+
+
+async def test_metrics_are_prometheus_text_with_route_templates(
+    aiohttp_client: Any, files_root: Path
+) -> None:
+    registry = CollectorRegistry()
+    config = make_config(stores={"files": {"type": "files", "root": str(files_root)}})
+    client = await aiohttp_client(create_app(config, registry=registry))
+    grant = await (await client.post("/v1/locks/files/secret-name", json={"ttl_ms": 5000})).json()
+    headers = {"X-Fencing-Token": str(grant["token"])}
+    await client.put("/v1/stores/files/secret-name", data=b"v", headers=headers)
+    await client.put("/v1/stores/files/secret-name", data=b"v", headers={"X-Fencing-Token": "x"})
+    await client.put(
+        "/v1/stores/files/secret-name", data=b"v", headers={"X-Fencing-Token": "999999999999999999"}
+    )
+    await client.put("/v1/stores/files/secret-name", data=b"v")
+    await client.post("/v1/locks/files/secret-name")
+    response = await client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain")
+    text = await response.text()
+    assert "secret-name" not in text
+    assert grant["lease_id"] not in text
+    assert str(grant["token"]) not in text
+
+    def value(name: str, **labels: str) -> float | None:
+        got = registry.get_sample_value(name, labels)
+        return got
+
+    assert value("fencegate_lock_acquisitions_total", result="granted") == 1
+    assert value("fencegate_lock_acquisitions_total", result="held") == 1
+    assert value("fencegate_leases_held") == 1
+    assert value("fencegate_storage_writes_total", store="files", result="ok") == 1
+    assert value("fencegate_storage_write_duration_seconds_count", store="files") == 1
+    for reason in ("bad_token", "token_not_issued", "token_required"):
+        assert value("fencegate_fencing_rejections_total", store="files", reason=reason) == 1
+    route = "/v1/stores/{store}/{key}"
+    assert value("fencegate_http_requests_total", route=route, method="PUT", status="200") == 1
+    assert value("fencegate_http_requests_total", route=route, method="PUT", status="428") == 1
+    assert (
+        value(
+            "fencegate_http_requests_total", route="/v1/locks/{name}", method="POST", status="409"
+        )
+        == 1
+    )
+    assert value("fencegate_http_request_duration_seconds_count", route=route, method="PUT") == 4
+    await client.get("/no/such/path")
+    assert (
+        value("fencegate_http_requests_total", route="unmatched", method="GET", status="404") == 1
+    )
+    for name in ("fencegate_lock_acquire_wait_seconds", "fencegate_lock_hold_seconds",
+                 "fencegate_lock_waiters", "fencegate_quorum_failures_total",
+                 "fencegate_redis_node_latency_seconds", "fencegate_lock_renewals_total",
+                 "fencegate_leases_lost_total"):  # fmt: skip
+        assert f"# TYPE {name.removesuffix('_total')}" in text, name
+
+
+async def test_hold_time_is_observed_on_release(aiohttp_client: Any) -> None:
+    registry = CollectorRegistry()
+    client = await aiohttp_client(create_app(make_config(), registry=registry))
+    grant = await (await client.post("/v1/locks/held")).json()
+    await client.delete("/v1/locks/held", headers={"X-Lease-Id": grant["lease_id"]})
+    assert registry.get_sample_value("fencegate_lock_hold_seconds_count") == 1
+    assert registry.get_sample_value("fencegate_leases_held") == 0
+    assert registry.get_sample_value("fencegate_lock_releases_total", {"result": "released"}) == 1
