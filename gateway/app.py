@@ -24,10 +24,11 @@ from prometheus_client import (
 
 from gateway.config import Config, StoreConfig
 from gateway.errors import StartupError
+from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
 from gateway.middlewares import MIDDLEWARES
 from gateway.routes import add_routes
-from gateway.state import CONFIG, LOCKS, METRICS, STATE, STORES, GatewayState, StoreEntry
+from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, GatewayState, StoreEntry
 from lockservice import LockManager
 from storage_adapters import (
     FencedStore,
@@ -100,6 +101,7 @@ def _metrics_ctx(
 
 async def _locks_ctx(app: web.Application) -> AsyncIterator[None]:
     locks = app[CONFIG].locks
+    app[HOT] = HotLocks()
     manager = await LockManager.connect(
         locks.redis,
         node_timeout=locks.node_timeout,
@@ -107,6 +109,7 @@ async def _locks_ctx(app: web.Application) -> AsyncIterator[None]:
         max_ttl=locks.max_ttl,
         max_wait=locks.max_wait,
         events=app[METRICS],
+        observer=app[HOT],
     )
     app[LOCKS] = manager
     try:

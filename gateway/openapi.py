@@ -200,6 +200,40 @@ def _document() -> dict[str, Any]:
                     "responses": {"204": {"description": "deleted (or absent)"}, **fenced_write},
                 },
             },
+            "/v1/stats/hot": {
+                "get": {
+                    "operationId": "stats_hot",
+                    "summary": "The most contended locks of this gateway process, lately",
+                    "description": (
+                        "Top names by time spent waiting and by number of waits over a "
+                        "sliding window, in bounded memory (counts of rarely contended "
+                        "names may be dropped, so counts are lower bounds). Each gateway "
+                        "process reports what its own clients waited for. With [auth], "
+                        "any valid key may read it."
+                    ),
+                    "parameters": [
+                        {
+                            "name": "n",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                            "description": "how many names per list (default 10)",
+                        }
+                    ],
+                    "responses": {
+                        "200": _ok(
+                            "hot locks",
+                            _object(
+                                ["window_s", "by_wait_time", "by_waits"],
+                                window_s={"type": "number"},
+                                by_wait_time={"type": "array", "items": {"type": "object"}},
+                                by_waits={"type": "array", "items": {"type": "object"}},
+                            ),
+                        ),
+                        **_BAD,
+                    },
+                }
+            },
             "/v1/openapi.json": {
                 "get": {
                     "operationId": "openapi",

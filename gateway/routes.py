@@ -31,7 +31,7 @@ from gateway.errors import (
     UnknownStore,
 )
 from gateway.openapi import openapi
-from gateway.state import CONFIG, LOCKS, METRICS, STATE, STORES, StoreEntry
+from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
 from lockservice import LeaseLost, LockManager, LockServiceError, validate_name
 from storage_adapters.base import DEFAULT_CONTENT_TYPE, MAX_TOKEN, validate_key
 from storage_adapters.errors import StorageError, TokenNotIssued
@@ -298,6 +298,23 @@ async def delete(request: web.Request) -> web.Response:
 
 
 # service
+@routes.get("/v1/stats/hot", name="stats_hot", allow_head=False)
+async def stats_hot(request: web.Request) -> web.Response:
+    """The most contended lock names of this process over the sliding window."""
+    raw = request.query.get("n", "10")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise BadRequest(f"n {raw!r} must be a whole number from 1 to 100")
+    hot = request.app[HOT]
+    n = int(raw)
+    return web.json_response(
+        {
+            "window_s": hot.window,
+            "by_wait_time": [h.as_json() for h in hot.top(n)],
+            "by_waits": [h.as_json() for h in hot.top(n, by="waits")],
+        }
+    )
+
+
 @routes.get("/v1/openapi.json", name="openapi", allow_head=False)
 async def openapi_document(request: web.Request) -> web.Response:
     """This API as an OpenAPI 3 document."""

@@ -14,12 +14,14 @@ from typing import Final
 from aiohttp import web
 
 from gateway.config import Config, StoreConfig
+from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
 from lockservice import LockManager
 from storage_adapters.base import FencedStore
 
 __all__ = [
     "CONFIG",
+    "HOT",
     "LOCKS",
     "METRICS",
     "STATE",
@@ -80,6 +82,7 @@ class GatewayState:
 
 CONFIG: Final = web.AppKey("config", Config)
 LOCKS: Final = web.AppKey("lock_manager", LockManager)
+HOT: Final = web.AppKey("hot_locks", HotLocks)
 METRICS: Final = web.AppKey("metrics", Metrics)
 STORES: Final = web.AppKey("stores", dict[str, StoreEntry])
 STATE: Final = web.AppKey("state", GatewayState)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["LockEvents", "NoEvents"]
+__all__ = ["ContentionObserver", "LockEvents", "NoEvents"]
 
 
 class LockEvents(Protocol):
@@ -63,3 +63,19 @@ class NoEvents:
 
     def node_state(self, node: str, state: str) -> None:
         pass
+
+
+class ContentionObserver(Protocol):
+    """Sees contention per lock *name* (metrics never may: names are unbounded).
+
+    ``gateway.hotlocks.HotLocks`` implements it for ``GET /v1/stats/hot``.
+    """
+
+    def started_waiting(self, name: str) -> None:
+        """A task found ``name`` held and starts waiting for it."""
+
+    def stopped_waiting(self, name: str) -> None:
+        """That task stopped waiting (granted, timed out, cancelled or failed)."""
+
+    def record(self, name: str, wait_seconds: float, *, timed_out: bool = False) -> None:
+        """An acquire of ``name`` that had to wait ended after ``wait_seconds``."""

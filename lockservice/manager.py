@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 
 from lockservice.backend import Backend
 from lockservice.errors import LeaseLost, LockHeld, QuorumUnavailable
-from lockservice.events import LockEvents, NoEvents
+from lockservice.events import ContentionObserver, LockEvents, NoEvents
 from lockservice.lease import Lease, LockInfo, validate_name, validate_ttl
 from lockservice.memory import MemoryBackend
 from lockservice.redlock import Redlock
@@ -45,6 +45,35 @@ class _Turn:
         self.users = 0
 
 
+class _Wait:
+    """One acquire's time spent waiting, reported once to metrics and the observer."""
+
+    __slots__ = ("active", "manager", "name", "start")
+
+    def __init__(self, manager: LockManager, name: str, start: float) -> None:
+        self.manager = manager
+        self.name = name
+        self.start = start
+        self.active = False
+
+    def begin(self) -> None:
+        if not self.active:
+            self.active = True
+            self.manager.events.waiting(+1)
+            if self.manager.observer is not None:
+                self.manager.observer.started_waiting(self.name)
+
+    def end(self, *, timed_out: bool) -> None:
+        if self.active:
+            self.active = False
+            self.manager.events.waiting(-1)
+            observer = self.manager.observer
+            if observer is not None:
+                observer.stopped_waiting(self.name)
+                waited = asyncio.get_running_loop().time() - self.start
+                observer.record(self.name, waited, timed_out=timed_out)
+
+
 class LockManager:
     """Distributed locks with fencing tokens.
 
@@ -60,8 +89,10 @@ class LockManager:
         max_ttl: float = 300.0,
         max_wait: float = 30.0,
         events: LockEvents | None = None,
+        observer: ContentionObserver | None = None,
     ) -> None:
         self._backend = backend
+        self.observer = observer
         self.min_ttl = min_ttl
         self.max_ttl = max_ttl
         self.max_wait = max_wait
@@ -79,6 +110,7 @@ class LockManager:
         max_ttl: float = 300.0,
         max_wait: float = 30.0,
         events: LockEvents | None = None,
+        observer: ContentionObserver | None = None,
     ) -> LockManager:
         """Connect to 1, 3 or 5 independent Redis nodes (none: in-process backend).
 
@@ -88,6 +120,7 @@ class LockManager:
             min_ttl, max_ttl: bounds of a lease's TTL in seconds; ``max_ttl`` is
                 also how long a restarted node stays quarantined.
             max_wait: the longest ``wait`` an acquire may ask for.
+            events: metrics hooks (no lock names); observer: sees contention per name.
         Raises:
             ValueError: a bad URL, or a node count other than 1, 3 or 5.
         """
@@ -103,7 +136,14 @@ class LockManager:
             )
         await backend.start()
         log.info("lock backend: %s", backend.describe())
-        return cls(backend, min_ttl=min_ttl, max_ttl=max_ttl, max_wait=max_wait, events=events)
+        return cls(
+            backend,
+            min_ttl=min_ttl,
+            max_ttl=max_ttl,
+            max_wait=max_wait,
+            events=events,
+            observer=observer,
+        )
 
     @property
     def backend(self) -> Backend:
@@ -140,21 +180,25 @@ class LockManager:
         if turn is None:
             turn = self._turns[name] = _Turn()
         turn.users += 1
+        waited = _Wait(self, name, start)
         try:
             if turn.lock.locked() or turn.users > 1:
+                waited.begin()  # behind other local tasks asking for the same name
                 async with asyncio.timeout_at(deadline):
                     await turn.lock.acquire()
             else:
                 await turn.lock.acquire()  # free: no timer needed
         except TimeoutError:
             self._leave(name, turn)
+            waited.end(timed_out=True)
             self.events.acquire_done("held", loop.time() - start)
             raise LockHeld(name, retry_after=0.0) from None
         except BaseException:
             self._leave(name, turn)
+            waited.end(timed_out=False)
             raise
         try:
-            lease = await self._contend(name, lease_id, ttl, deadline, ticket)
+            lease = await self._contend(name, lease_id, ttl, deadline, ticket, waited)
             result = "granted"
             return lease
         except LockHeld:
@@ -167,6 +211,7 @@ class LockManager:
         finally:
             turn.lock.release()
             self._leave(name, turn)
+            waited.end(timed_out=result == "held")
             self.events.acquire_done(result, loop.time() - start)
 
     def _leave(self, name: str, turn: _Turn) -> None:
@@ -175,12 +220,11 @@ class LockManager:
             del self._turns[name]
 
     async def _contend(
-        self, name: str, lease_id: str, ttl: float, deadline: float, ticket: str
+        self, name: str, lease_id: str, ttl: float, deadline: float, ticket: str, waited: _Wait
     ) -> Lease:
         loop = asyncio.get_running_loop()
         backend = self._backend
         backoff = _BACKOFF_FIRST
-        waiting = False
         try:
             while True:
                 woken = backend.waiters.register(name, lease_id)  # before the try
@@ -191,9 +235,7 @@ class LockManager:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         raise LockHeld(name, retry_after=max(attempt.retry_after, 0.001))
-                    if not waiting:
-                        waiting = True
-                        self.events.waiting(+1)
+                    waited.begin()
                     sleep = min(remaining, backoff * (0.5 + random.random()))
                     if attempt.retry_after > 0:
                         sleep = min(sleep, attempt.retry_after + 0.001)
@@ -206,9 +248,6 @@ class LockManager:
             # abandon() only queues commands, behind the acquire on each connection.
             backend.abandon(name, lease_id)
             raise
-        finally:
-            if waiting:
-                self.events.waiting(-1)
 
     # extend, release
     async def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import tracemalloc
 
+import pytest
+
 from gateway.hotlocks import HotLocks
+from tests.gateway.conftest import Start, auth_section, bearer, make_config
 
 
 class Clock:
@@ -72,3 +76,44 @@ def test_current_waiters_count_and_timeouts() -> None:
         "timeouts": 1,
         "waiting_now": 0,
     }
+
+
+async def test_stats_hot_ranks_the_contended_lock_first(start: Start, lock_urls: list[str]) -> None:
+    client = await start(make_config(lock_urls=lock_urls))
+    held = await client.post("/v1/locks/orders/hot", json={"ttl_ms": 5000})
+    assert held.status == 200
+    for name in ("orders/cold", "orders/other"):
+        assert (await client.post(f"/v1/locks/{name}", json={"ttl_ms": 5000})).status == 200
+
+    async def waiter() -> int:
+        resp = await client.post("/v1/locks/orders/hot", json={"ttl_ms": 1000, "wait_ms": 300})
+        return resp.status
+
+    statuses = await asyncio.gather(*(waiter() for _ in range(4)))
+    assert statuses == [409] * 4
+    resp = await client.get("/v1/stats/hot", params={"n": "2"})
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["window_s"] == 60.0
+    top = body["by_wait_time"][0]
+    assert top["name"] == "orders/hot"
+    assert top["waits"] == 4
+    assert top["timeouts"] == 4
+    assert top["wait_ms"] >= 4 * 290
+    assert body["by_waits"][0]["name"] == "orders/hot"
+    assert all(line["name"] != "orders/cold" for line in body["by_wait_time"])
+
+
+@pytest.mark.parametrize("n", ["0", "101", "x", "-1"])
+async def test_stats_hot_refuses_a_bad_n(start: Start, n: str) -> None:
+    client = await start(make_config())
+    resp = await client.get("/v1/stats/hot", params={"n": n})
+    assert resp.status == 400
+    assert (await resp.json())["error"] == "bad_request"
+
+
+async def test_stats_hot_needs_any_valid_key_with_auth(start: Start) -> None:
+    client = await start(make_config(auth=auth_section()))
+    assert (await client.get("/v1/stats/hot")).status == 401
+    resp = await client.get("/v1/stats/hot", headers=bearer("reader"))
+    assert resp.status == 200
