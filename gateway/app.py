@@ -93,7 +93,7 @@ def _metrics_ctx(
     registry: CollectorRegistry,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[METRICS] = Metrics.create(registry)
+        app[METRICS] = Metrics.for_config(registry, app[CONFIG])
         yield
 
     return metrics_ctx

@@ -20,7 +20,6 @@ Every refusal raises a ``FencegateError`` subclass named for its API code
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -33,6 +32,9 @@ from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
+
+from lockservice.lease import Lease
+from lockservice.renew import Renewal
 
 __all__ = [
     "BadRequest",
@@ -172,23 +174,6 @@ _BY_CODE: Final[Mapping[str, type[FencegateError]]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
-    """A granted lock as the client sees it; ``valid_until`` is on the loop's clock."""
-
-    name: str
-    token: int
-    lease_id: str
-    valid_until: float
-
-    def remaining(self) -> float:
-        return self.valid_until - asyncio.get_running_loop().time()
-
-    @property
-    def expired(self) -> bool:
-        return self.remaining() <= 0
-
-
-@dataclass(frozen=True, slots=True)
 class LockStatus:
     """``GET /v1/locks/{name}``: the holder's token when held, else the newest issued."""
 
@@ -284,14 +269,27 @@ class FencegateClient:
             LeaseLost: a renew found the lease gone (the body was cancelled).
         """
         lease = await self.acquire(name, ttl=ttl, wait=wait)
-        renewal = _Renewal(self, lease, ttl) if auto_renew else None
+        renewal = (
+            Renewal(
+                lease,
+                ttl,
+                self.renew,
+                lost=(LeaseLost,),
+                transient=(FencegateError,),  # unreachable, no quorum: retry while valid
+                lose=lambda lease, reason: LeaseLost("lease_lost", 409, reason),
+            )
+            if auto_renew
+            else None
+        )
         try:
             if renewal is None:
                 yield lease
             else:
                 async with renewal:
                     yield lease
-        except LeaseLost:
+        except LeaseLost as exc:
+            if renewal is None or renewal.lost is not exc:  # e.g. a nested lock's loss
+                await asyncio.shield(self._release_quietly(lease))
             raise
         except BaseException:
             await asyncio.shield(self._release_quietly(lease))
@@ -431,64 +429,3 @@ def _fence_headers(token: int | None, lock: str | None) -> dict[str, str]:
     if lock is not None:
         headers["X-Fencing-Lock"] = lock
     return headers
-
-
-class _Renewal:
-    """Renews a lease every ttl/3 for the body of an ``async with``; cancels it when lost."""
-
-    def __init__(self, client: FencegateClient, lease: Lease, ttl: float) -> None:
-        self._client = client
-        self._ttl = ttl
-        self.lease = lease
-        self.lost: LeaseLost | None = None
-        self._owner: asyncio.Task[Any] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
-        self._cancelled_owner = False
-
-    async def __aenter__(self) -> Self:
-        self._owner = asyncio.current_task()
-        self._watchdog = asyncio.create_task(self._run(), name=f"fencegate-renew-{self.lease.name}")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        assert self._watchdog is not None
-        if not self._watchdog.done():
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
-        if self.lost is None:
-            return False
-        if self._cancelled_owner and self._owner is not None and self._owner.uncancel() > 0:
-            return False  # someone else cancelled the holder too: let that win
-        if exc_type is None or exc_type is asyncio.CancelledError:
-            raise self.lost from None
-        return False
-
-    async def _run(self) -> None:
-        interval = self._ttl / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.lease = await self._client.renew(self.lease, self._ttl)
-                interval = self._ttl / 3
-            except LeaseLost as exc:
-                self._lose(exc)
-                return
-            except FencegateError as exc:  # unreachable, no quorum: retry while still valid
-                if self.lease.expired:
-                    self._lose(LeaseLost("lease_lost", 409, f"renewal failed: {exc}"))
-                    return
-                log.warning("renewal of %r failed, retrying: %s", self.lease.name, exc)
-                interval = min(self._ttl / 10, max(self.lease.remaining() / 2, 0.001))
-
-    def _lose(self, exc: LeaseLost) -> None:
-        self.lost = exc
-        log.warning("lease on %r lost: %s; cancelling its holder", self.lease.name, exc)
-        if self._owner is not None and not self._owner.done():
-            self._cancelled_owner = True
-            self._owner.cancel(msg=str(exc))

@@ -4,7 +4,19 @@
 ``StoreHooks``, so neither package imports prometheus. Labels come from
 small fixed sets (``result``, ``reason``, ``operation``, ``store``, ``node``
 as host:port, the route template, the method, the status); a lock name, key,
-token or lease_id is never a label.
+token or lease_id is never a label. Hot lock *names* are served by
+``GET /v1/stats/hot`` (``gateway/hotlocks.py``), not here.
+
+Every label value known in advance (each result and reason, each configured
+store and Redis node) is exported at 0 from the start (``Metrics.for_config``),
+so that ``rate()`` and ``increase()`` see the first event too and a dashboard
+shows 0 rather than "no data".
+
+Several gateway processes: each process is its own exporter (its own
+registry on its own ``/metrics``), scraped as its own target, so Prometheus
+tells them apart by the ``instance`` label and dashboards sum over it.
+prometheus-client's multiprocess mode is not used: fencegate never forks
+workers that share one port.
 
 Hold time and leases held are what this gateway replica saw: a lease granted
 here and released here (hold time), or granted here and neither released
@@ -17,15 +29,48 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["NODE_STATES", "LeaseTracker", "Metrics"]
+from lockservice.node import parse_node_url
+
+if TYPE_CHECKING:
+    from gateway.config import Config
+
+__all__ = [
+    "ACQUIRE_RESULTS",
+    "LOST_REASONS",
+    "NODE_STATES",
+    "QUORUM_OPERATIONS",
+    "REJECT_REASONS",
+    "RELEASE_RESULTS",
+    "RENEW_RESULTS",
+    "WRITE_RESULTS",
+    "LeaseTracker",
+    "Metrics",
+]
 
 NAMESPACE: Final = "fencegate"
+# The label values each hook reports (lockservice/events.py, gateway/routes.py,
+# storage_adapters/base.py); a value outside these still counts, it is just not
+# exported at 0 before its first event.
 NODE_STATES: Final = ("connected", "healthy", "unsynced", "quarantined", "down")
+ACQUIRE_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
+RENEW_RESULTS: Final = ("ok", "lost", "error")
+RELEASE_RESULTS: Final = ("released", "lost")
+LOST_REASONS: Final = ("expired", "taken", "renew_failed")
+QUORUM_OPERATIONS: Final = ("acquire", "extend", "release", "inspect")
+REJECT_REASONS: Final = (
+    "stale_token",  # the store saw a newer token (storage_adapters)
+    "token_not_issued",  # a forged token, above the lock's counter (gateway)
+    "not_lease_holder",  # fencing = "lease": not the current holder's token (gateway)
+    "token_required",  # no X-Fencing-Token (gateway)
+    "bad_token",  # not a positive 64-bit integer (gateway)
+)
+WRITE_RESULTS: Final = ("ok", "failed")
 _WAIT_BUCKETS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0,
@@ -107,15 +152,32 @@ class Metrics:
     leases: LeaseTracker = field(default_factory=LeaseTracker)
 
     @classmethod
-    def create(cls, registry: CollectorRegistry) -> Metrics:
-        """Register every metric in ``registry`` (tests pass a fresh ``CollectorRegistry()``)."""
+    def for_config(cls, registry: CollectorRegistry, config: Config) -> Metrics:
+        """``create`` with the configured stores and Redis nodes exported at 0."""
+        nodes = [parse_node_url(url).label for url in config.locks.redis]
+        return cls.create(registry, stores=config.stores, nodes=nodes)
+
+    @classmethod
+    def create(
+        cls,
+        registry: CollectorRegistry,
+        *,
+        stores: Iterable[str] = (),
+        nodes: Iterable[str] = (),
+    ) -> Metrics:
+        """Register every metric in ``registry`` (tests pass a fresh ``CollectorRegistry()``).
+
+        Args:
+            stores: store names whose series start at 0.
+            nodes: Redis node labels (host:port) whose series start at 0.
+        """
         r: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
         leases = LeaseTracker()
         held = Gauge(
             "leases_held", "Leases granted through this gateway, not released or expired", **r
         )
         held.set_function(lambda: float(leases.held()))
-        return cls(
+        metrics = cls(
             lock_acquisitions=Counter(
                 "lock_acquisitions", "Lock acquire attempts, by result", ["result"], **r
             ),
@@ -195,6 +257,33 @@ class Metrics:
             ),
             leases=leases,
         )
+        metrics._start_at_zero(stores, nodes)
+        return metrics
+
+    def _start_at_zero(self, stores: Iterable[str], nodes: Iterable[str]) -> None:
+        """Export every known label set before its first event (see the module doc)."""
+        for result in ACQUIRE_RESULTS:
+            self.lock_acquisitions.labels(result)
+            self.acquire_wait.labels(result)
+        for result in RENEW_RESULTS:
+            self.renewals.labels(result)
+        for result in RELEASE_RESULTS:
+            self.releases.labels(result)
+        for reason in LOST_REASONS:
+            self.leases_lost.labels(reason)
+        for operation in QUORUM_OPERATIONS:
+            self.quorum_failures.labels(operation)
+        for store in stores:
+            for reason in REJECT_REASONS:
+                self.fencing_rejections.labels(store, reason)
+            for result in WRITE_RESULTS:
+                self.storage_writes.labels(store, result)
+            self.storage_write_latency.labels(store)
+        for node in nodes:
+            self.node_errors.labels(node)
+            self.node_latency.labels(node)
+            for state in NODE_STATES:  # all 0: not connected yet, state unknown
+                self.node_state_gauge.labels(node, state)
 
     # lockservice.LockEvents
     def acquire_done(self, result: str, wait_seconds: float) -> None:

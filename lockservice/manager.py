@@ -332,7 +332,19 @@ class LockManager:
         learns it no longer holds the lock.
         """
         lease = await self.acquire(name, ttl=ttl, wait=wait)
-        renewal = Renewal(self, lease, ttl) if auto_renew else None
+        renewal = (
+            Renewal(
+                lease,
+                ttl,
+                self.extend,
+                lost=(LeaseLost,),
+                transient=(QuorumUnavailable,),
+                lose=lambda lease, reason: LeaseLost(lease.name, reason),
+                on_lost=self.events.lease_lost,
+            )
+            if auto_renew
+            else None
+        )
         try:
             if renewal is None:
                 yield lease

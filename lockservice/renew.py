@@ -2,7 +2,9 @@
 
 A watchdog that swallows errors lets a holder run on without its lock. This
 one reports: when the lease is lost it cancels the holder's task, and the
-``async with`` then raises ``LeaseLost`` in place of that cancellation.
+``async with`` then raises the loss in place of that cancellation. It serves
+``LockManager.lock`` and the HTTP client (``gateway.client``) alike: both pass
+their own ``extend`` and error types.
 """
 
 from __future__ import annotations
@@ -10,14 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from lockservice.errors import LeaseLost, QuorumUnavailable
 from lockservice.lease import Lease
-
-if TYPE_CHECKING:
-    from lockservice.manager import LockManager
 
 __all__ = ["Renewal"]
 
@@ -25,13 +23,37 @@ log = logging.getLogger(__name__)
 
 
 class Renewal:
-    """Keeps ``lease`` alive for the body of an ``async with``."""
+    """Keeps ``lease`` alive for the body of an ``async with``.
 
-    def __init__(self, manager: LockManager, lease: Lease, ttl: float) -> None:
-        self._manager = manager
-        self._ttl = ttl
+    Args:
+        lease: the lease to keep; ``self.lease`` is the latest extended one.
+        ttl: each extend asks for this many seconds.
+        extend: ``extend(lease, ttl) -> lease``.
+        lost: the exception types that mean the lease is gone for good.
+        transient: the types worth retrying while the lease is still valid.
+        lose: builds the loss to raise when retries ran out (lease, reason).
+        on_lost: told the reason when the lease is lost (metrics).
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        ttl: float,
+        extend: Callable[[Lease, float], Awaitable[Lease]],
+        *,
+        lost: tuple[type[BaseException], ...],
+        transient: tuple[type[BaseException], ...],
+        lose: Callable[[Lease, str], BaseException],
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
         self.lease = lease
-        self.lost: LeaseLost | None = None
+        self._ttl = ttl
+        self._extend = extend
+        self._lost_types = lost
+        self._transient_types = transient
+        self._make_lost = lose
+        self._on_lost = on_lost
+        self.lost: BaseException | None = None
         self._owner: asyncio.Task[object] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._in_body = False
@@ -69,21 +91,22 @@ class Renewal:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.lease = await self._manager.extend(self.lease, self._ttl)
+                self.lease = await self._extend(self.lease, self._ttl)
                 interval = self._ttl / 3
-            except LeaseLost as exc:
+            except self._lost_types as exc:
                 self._lose(exc)
                 return
-            except QuorumUnavailable as exc:
+            except self._transient_types as exc:
                 if self.lease.expired:
-                    self._lose(LeaseLost(self.lease.name, f"renewal failed: {exc}"))
+                    self._lose(self._make_lost(self.lease, f"renewal failed: {exc}"))
                     return
                 log.warning("renewal of %r failed, retrying: %s", self.lease.name, exc)
                 interval = min(self._ttl / 10, max(self.lease.remaining() / 2, 0.001))
 
-    def _lose(self, exc: LeaseLost) -> None:
+    def _lose(self, exc: BaseException) -> None:
         self.lost = exc
-        self._manager.events.lease_lost("renew_failed")
+        if self._on_lost is not None:
+            self._on_lost("renew_failed")
         log.warning("%s; cancelling its holder", exc)
         if self._in_body and self._owner is not None and not self._owner.done():
             self._cancelled_owner = True
