@@ -32,7 +32,7 @@ from gateway.errors import (
 )
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
-from lockservice import LeaseLost, LockManager, LockServiceError, validate_name
+from lockservice import LockManager, LockServiceError, validate_name
 from storage_adapters.base import DEFAULT_CONTENT_TYPE, MAX_TOKEN, validate_key
 from storage_adapters.errors import StorageError, TokenNotIssued
 
@@ -165,9 +165,6 @@ async def release(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     try:
         await request.app[LOCKS].release(LockManager.handle(name, lease_id))
-    except LeaseLost:
-        metrics.lease_lost("expired")
-        raise
     finally:
         metrics.lease_ended(lease_id)
     return web.Response(status=204)

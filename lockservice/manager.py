@@ -262,11 +262,13 @@ class LockManager:
         ttl = validate_ttl(ttl, self.min_ttl, self.max_ttl)
         if lease.expired:
             self.events.renewed("lost")
+            self.events.lease_lost("expired")
             raise LeaseLost(lease.name, "it expired before the extend")
         try:
             valid_until, token = await self._backend.extend(lease.name, lease.lease_id, ttl)
         except LeaseLost:
             self.events.renewed("lost")
+            self.events.lease_lost("expired")
             raise
         except QuorumUnavailable:
             self.events.renewed("error")
@@ -301,22 +303,35 @@ class LockManager:
         expired = lease.expired
         # A valid lease of ours is held by a majority: no need to wait for the answer.
         confirm = expired or lease.issuer is not self
-        released = await self._backend.release(lease.name, lease.lease_id, confirm=confirm)
+        try:
+            released = await self._backend.release(lease.name, lease.lease_id, confirm=confirm)
+        except QuorumUnavailable:
+            self.events.quorum_failed("release")
+            raise
         if released:
             self._backend.waiters.wake(lease.name, lease.lease_id)
         if expired or not released:
             self.events.released(0.0, "lost")
+            self.events.lease_lost("expired")
             raise LeaseLost(lease.name, "it had expired")
         self.events.released(0.0, "released")
 
     # reading
     async def inspect(self, name: str) -> LockInfo:
         """Whether ``name`` is held, by which token, for how long (never the lease_id)."""
-        return await self._backend.inspect(validate_name(name))
+        try:
+            return await self._backend.inspect(validate_name(name))
+        except QuorumUnavailable:
+            self.events.quorum_failed("inspect")
+            raise
 
     async def issued(self, name: str) -> int:
         """An upper bound of every token issued for ``name`` (forged-token guard)."""
-        return await self._backend.issued(validate_name(name))
+        try:
+            return await self._backend.issued(validate_name(name))
+        except QuorumUnavailable:
+            self.events.quorum_failed("inspect")
+            raise
 
     async def ready(self) -> bool:
         return await self._backend.ready()
@@ -340,7 +355,7 @@ class LockManager:
                 lost=(LeaseLost,),
                 transient=(QuorumUnavailable,),
                 lose=lambda lease, reason: LeaseLost(lease.name, reason),
-                on_lost=self.events.lease_lost,
+                on_lost=self.events.lease_lost,  # only when retries ran out
             )
             if auto_renew
             else None

@@ -89,7 +89,10 @@ class Redlock:
         ]
         self.quorum = len(self.nodes) // 2 + 1
         self._last_errors: dict[str, str] = {}
-        self.resyncer = Resyncer(self.nodes, self.quorum, max_ttl=max_ttl, timeout=node_timeout)
+        self._states: dict[str, str] = {}
+        self.resyncer = Resyncer(
+            self.nodes, self.quorum, max_ttl=max_ttl, timeout=node_timeout, on_state=self._state
+        )
 
     def describe(self) -> str:
         return f"Redlock over {len(self.nodes)} redis node(s), quorum {self.quorum}: " + ", ".join(
@@ -105,8 +108,23 @@ class Redlock:
         await asyncio.gather(*(node.close() for node in self.nodes))
 
     async def _on_connected(self, node: Node, restarted: bool) -> None:
-        self._events.node_state(node.label, "connected")
+        self._state(node, "connected")
         await self.resyncer.check(node, restarted=restarted)
+
+    def _state(self, node: Node, state: str) -> None:
+        """Report a node's state (healthy, unsynced, quarantined, down) when it changes."""
+        if self._states.get(node.label) != state:
+            self._states[node.label] = state
+            self._events.node_state(node.label, state)
+
+    def _note(self, node: Node, reply: Reply) -> None:
+        if isinstance(reply, ConnectionError):
+            self._state(node, "down")
+        elif isinstance(reply, list) and reply and isinstance(reply[0], int):
+            code = reply[0]
+            self._state(
+                node, "unsynced" if code == -2 else "quarantined" if code == -1 else "healthy"
+            )
 
     # rounds
     async def _round(
@@ -126,6 +144,7 @@ class Redlock:
         def on_done(i: int, fut: asyncio.Future[Reply]) -> None:
             reply = fut.result()
             replies[i] = reply
+            self._note(self.nodes[i], reply)
             self._events.node_call(self.nodes[i].label, loop.time() - start, not is_failure(reply))
             if not finished.done() and decided(replies):
                 finished.set_result(False)

@@ -32,7 +32,7 @@ class Renewal:
         lost: the exception types that mean the lease is gone for good.
         transient: the types worth retrying while the lease is still valid.
         lose: builds the loss to raise when retries ran out (lease, reason).
-        on_lost: told the reason when the lease is lost (metrics).
+        on_lost: told when the lease ran out while renewals failed (metrics).
     """
 
     def __init__(
@@ -94,10 +94,12 @@ class Renewal:
                 self.lease = await self._extend(self.lease, self._ttl)
                 interval = self._ttl / 3
             except self._lost_types as exc:
-                self._lose(exc)
+                self._lose(exc)  # extend reported it already
                 return
             except self._transient_types as exc:
                 if self.lease.expired:
+                    if self._on_lost is not None:
+                        self._on_lost("renew_failed")
                     self._lose(self._make_lost(self.lease, f"renewal failed: {exc}"))
                     return
                 log.warning("renewal of %r failed, retrying: %s", self.lease.name, exc)
@@ -105,8 +107,6 @@ class Renewal:
 
     def _lose(self, exc: BaseException) -> None:
         self.lost = exc
-        if self._on_lost is not None:
-            self._on_lost("renew_failed")
         log.warning("%s; cancelling its holder", exc)
         if self._in_body and self._owner is not None and not self._owner.done():
             self._cancelled_owner = True

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lockservice import scripts
 from lockservice.memory import wall_clock_base
@@ -40,8 +40,15 @@ class Resyncer:
     """One resync task per node at most, owned here and cancelled on close."""
 
     def __init__(
-        self, nodes: Sequence[Node], quorum: int, *, max_ttl: float, timeout: float
+        self,
+        nodes: Sequence[Node],
+        quorum: int,
+        *,
+        max_ttl: float,
+        timeout: float,
+        on_state: Callable[[Node, str], None] | None = None,
     ) -> None:
+        self._on_state = on_state
         self._nodes = list(nodes)
         self._quorum = quorum
         self._quarantine_ms = int(max_ttl * 1000) + 1
@@ -69,6 +76,8 @@ class Resyncer:
             return
         task = self._tasks.get(node.label)
         if task is None or task.done():
+            if self._on_state is not None:
+                self._on_state(node, "unsynced")
             self._tasks[node.label] = asyncio.create_task(
                 self._sync(node), name=f"fencegate-resync-{node.label}"
             )
@@ -212,6 +221,8 @@ class Resyncer:
             )
         if is_failure(done):
             raise ConnectionError(f"marking {node.label} synced failed: {done}")
+        if self._on_state is not None:
+            self._on_state(node, "quarantined" if quarantine_ms and done == 1 else "healthy")
 
 
 def _synced(node: Node, marker: Reply) -> bool:

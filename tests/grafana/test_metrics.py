@@ -1,0 +1,394 @@
+"""Each metric moves when its event happens, with the right labels; names follow Prometheus.
+
+Hook by hook on a fresh ``CollectorRegistry``, then through a real gateway
+(``create_app`` over three real redis-server nodes, a files store and a
+PostgreSQL store): a refused write, a forged token, a lost lease, contention,
+a killed node, a lost quorum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry, Metric
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.metrics import (
+    ACQUIRE_RESULTS,
+    LOST_REASONS,
+    NODE_STATES,
+    REJECT_REASONS,
+    RENEW_RESULTS,
+    LeaseTracker,
+    Metrics,
+)
+from lockservice.events import LockEvents
+from storage_adapters.base import StoreHooks
+from tests._servers import RedisNode
+
+Client = TestClient[web.Request, web.Application]
+LEASE_ID = "0123456789abcdef0123456789abcdef"
+ALLOWED_LABELS = {"result", "reason", "operation", "store", "node", "state", "route", "method",
+                  "status", "le"}  # fmt: skip
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def families(registry: CollectorRegistry) -> list[Metric]:
+    return list(registry.collect())
+
+
+# names, help, labels
+def test_every_metric_is_named_for_prometheus() -> None:
+    registry = CollectorRegistry()
+    Metrics.create(registry, stores=["kv"], nodes=["127.0.0.1:7101"])
+    found = families(registry)
+    assert len(found) == 17
+    for family in found:
+        assert family.name.startswith("fencegate_"), family.name
+        assert family.documentation.strip(), f"{family.name} has no help text"
+        if family.type == "counter":
+            names = {s.name.removesuffix("_created").removesuffix("_total") for s in family.samples}
+            assert names <= {family.name}, family.samples
+        if family.type == "histogram":
+            assert family.name.endswith("_seconds"), family.name
+        for sample in family.samples:
+            assert set(sample.labels) <= ALLOWED_LABELS, (family.name, sample.labels)
+
+
+def test_acquire_wait_buckets_span_100_microseconds_to_30_seconds() -> None:
+    registry = CollectorRegistry()
+    Metrics.create(registry)
+    bounds = sorted(
+        float(s.labels["le"])
+        for f in families(registry)
+        if f.name == "fencegate_lock_acquire_wait_seconds"
+        for s in f.samples
+        if s.name.endswith("_bucket") and s.labels["result"] == "granted"
+    )
+    assert bounds[0] == 0.0001
+    assert bounds[-2] == 30.0
+    assert bounds[-1] == float("inf")
+    assert len(bounds) >= 12  # enough resolution for p50/p95/p99 across five decades
+
+
+def test_metrics_implements_every_hook_of_lockservice_and_storage() -> None:
+    for protocol in (LockEvents, StoreHooks):
+        for name, hook in inspect.getmembers(protocol, inspect.isfunction):
+            if name.startswith("_"):
+                continue
+            mine = getattr(Metrics, name, None)
+            assert mine is not None, f"Metrics lacks {protocol.__name__}.{name}"
+            assert inspect.signature(mine) == inspect.signature(hook), name
+
+
+def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
+    registry = CollectorRegistry()
+    urls = [f"redis://127.0.0.1:{port}" for port in (7101, 7102, 7103)]
+    config = parse_config(
+        {
+            "locks": {"redis": urls},
+            "stores": {"kv": {"type": "postgres", "dsn": "postgresql://x@127.0.0.1/db"}},
+        }
+    )
+    Metrics.for_config(registry, config)
+    get = registry.get_sample_value
+    for result in ACQUIRE_RESULTS:
+        assert get("fencegate_lock_acquisitions_total", {"result": result}) == 0
+    for result in RENEW_RESULTS:
+        assert get("fencegate_lock_renewals_total", {"result": result}) == 0
+    for reason in LOST_REASONS:
+        assert get("fencegate_leases_lost_total", {"reason": reason}) == 0
+    for reason in REJECT_REASONS:
+        assert get("fencegate_fencing_rejections_total", {"store": "kv", "reason": reason}) == 0
+    assert get("fencegate_storage_writes_total", {"store": "kv", "result": "failed"}) == 0
+    for port in (7101, 7102, 7103):
+        node = f"127.0.0.1:{port}"
+        assert get("fencegate_redis_node_errors_total", {"node": node}) == 0
+        for state in NODE_STATES:
+            assert get("fencegate_redis_node_state", {"node": node, "state": state}) == 0
+
+
+# each hook, alone
+HOOKS: list[tuple[str, Callable[[Metrics], object], str, dict[str, str]]] = [
+    ("acquire", lambda m: m.acquire_done("granted", 0.002),
+     "fencegate_lock_acquisitions_total", {"result": "granted"}),
+    ("acquire-wait", lambda m: m.acquire_done("held", 0.3),
+     "fencegate_lock_acquire_wait_seconds_count", {"result": "held"}),
+    ("waiting", lambda m: m.waiting(+1), "fencegate_lock_waiters", {}),
+    ("released", lambda m: m.released(0.0, "released"),
+     "fencegate_lock_releases_total", {"result": "released"}),
+    ("renewed", lambda m: m.renewed("lost"), "fencegate_lock_renewals_total", {"result": "lost"}),
+    ("lease-lost", lambda m: m.lease_lost("expired"),
+     "fencegate_leases_lost_total", {"reason": "expired"}),
+    ("node-latency", lambda m: m.node_call("127.0.0.1:7101", 0.001, True),
+     "fencegate_redis_node_latency_seconds_count", {"node": "127.0.0.1:7101"}),
+    ("node-error", lambda m: m.node_call("127.0.0.1:7101", 0.2, False),
+     "fencegate_redis_node_errors_total", {"node": "127.0.0.1:7101"}),
+    ("quorum", lambda m: m.quorum_failed("acquire"),
+     "fencegate_quorum_failures_total", {"operation": "acquire"}),
+    ("node-state", lambda m: m.node_state("127.0.0.1:7101", "quarantined"),
+     "fencegate_redis_node_state", {"node": "127.0.0.1:7101", "state": "quarantined"}),
+    ("write", lambda m: m.write_done("kv", 0.003, True),
+     "fencegate_storage_writes_total", {"store": "kv", "result": "ok"}),
+    ("write-failed", lambda m: m.write_done("kv", 0.003, False),
+     "fencegate_storage_writes_total", {"store": "kv", "result": "failed"}),
+    ("write-latency", lambda m: m.write_done("kv", 0.003, True),
+     "fencegate_storage_write_duration_seconds_count", {"store": "kv"}),
+    ("rejected", lambda m: m.rejected("kv", "token_not_issued"),
+     "fencegate_fencing_rejections_total", {"store": "kv", "reason": "token_not_issued"}),
+    ("lease-granted", lambda m: m.lease_granted(LEASE_ID, 10.0), "fencegate_leases_held", {}),
+    ("hold-time", lambda m: (m.lease_granted(LEASE_ID, 10.0), m.lease_ended(LEASE_ID)),
+     "fencegate_lock_hold_seconds_count", {}),
+    ("http", lambda m: m.request_done("/v1/locks/{name}", "POST", 409, 0.01),
+     "fencegate_http_requests_total", {"route": "/v1/locks/{name}", "method": "POST",
+                                       "status": "409"}),
+    ("http-latency", lambda m: m.request_done("/v1/locks/{name}", "POST", 409, 0.01),
+     "fencegate_http_request_duration_seconds_count", {"route": "/v1/locks/{name}",
+                                                       "method": "POST"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("event", "sample", "labels"), [h[:1] + h[2:] for h in HOOKS],
+                         ids=[h[0] for h in HOOKS])  # fmt: skip
+def test_each_hook_moves_its_metric_by_one(event: str, sample: str, labels: dict[str, str]) -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics.create(registry)
+    call = next(h[1] for h in HOOKS if h[0] == event)
+    before = value(registry, sample, **labels)
+    call(metrics)
+    assert value(registry, sample, **labels) == before + 1
+
+
+def test_node_state_is_one_for_the_current_state_only() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics.create(registry)
+    metrics.node_state("127.0.0.1:7101", "connected")
+    metrics.node_state("127.0.0.1:7101", "quarantined")
+    states = {s: value(registry, "fencegate_redis_node_state", node="127.0.0.1:7101", state=s)
+              for s in NODE_STATES}  # fmt: skip
+    assert states == {s: 1.0 if s == "quarantined" else 0.0 for s in NODE_STATES}
+
+
+def test_leases_held_drops_a_lease_at_its_expiry_and_hold_time_needs_our_grant() -> None:
+    tracker = LeaseTracker()
+    tracker.granted("a" * 32, 0.05)
+    tracker.granted("b" * 32, 10.0)
+    assert tracker.held() == 2
+    time.sleep(0.06)
+    assert tracker.held() == 1
+    assert tracker.ended("c" * 32) is None  # granted through another replica
+    held = tracker.ended("b" * 32)
+    assert held is not None
+    assert held >= 0.06
+
+
+# through a real gateway
+@pytest.fixture
+def gateway(
+    aiohttp_client: Any, redis3: list[RedisNode], tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> Callable[..., Awaitable[tuple[Client, CollectorRegistry]]]:
+    async def start(nodes: list[RedisNode] | None = None) -> tuple[Client, CollectorRegistry]:
+        raw = {
+            "locks": {"redis": [n.url for n in nodes or redis3], "node_timeout_ms": 500},
+            "stores": {
+                "files": {"type": "files", "root": str(tmp_path / "files")},
+                "kv": {"type": "postgres", "dsn": pg_dsn, "schema": pg_schema},
+            },
+        }
+        registry = CollectorRegistry()
+        client: Client = await aiohttp_client(create_app(parse_config(raw), registry=registry))
+        return client, registry
+
+    return start
+
+
+async def _acquire(client: Client, name: str, **body: int) -> dict[str, Any]:
+    response = await client.post(f"/v1/locks/{name}", json=body)
+    assert response.status == 200, await response.text()
+    grant: dict[str, Any] = await response.json()
+    return grant
+
+
+async def _release(client: Client, name: str, lease_id: str) -> int:
+    return (await client.delete(f"/v1/locks/{name}", headers={"X-Lease-Id": lease_id})).status
+
+
+@pytest.mark.parametrize("store", ["files", "kv"])
+async def test_refused_write_increments_rejections_with_store_and_reason(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]], store: str
+) -> None:
+    client, registry = await gateway()
+    name = f"{store}/k"
+    old = await _acquire(client, name)
+    await _release(client, name, old["lease_id"])
+    new = await _acquire(client, name)
+    put = f"/v1/stores/{store}/k"
+    written = await client.put(put, data=b"new", headers={"X-Fencing-Token": str(new["token"])})
+    assert written.status == 200
+    refused = await client.put(put, data=b"old", headers={"X-Fencing-Token": str(old["token"])})
+    assert refused.status == 409
+
+    def rejections(s: str, reason: str) -> float:
+        return value(registry, "fencegate_fencing_rejections_total", store=s, reason=reason)
+
+    other = "kv" if store == "files" else "files"
+    assert rejections(store, "stale_token") == 1
+    assert sum(rejections(store, r) for r in REJECT_REASONS) == 1
+    assert sum(rejections(other, r) for r in REJECT_REASONS) == 0
+    assert value(registry, "fencegate_storage_writes_total", store=store, result="ok") == 1
+    assert value(registry, "fencegate_storage_writes_total", store=store, result="failed") == 1
+    assert value(registry, "fencegate_storage_write_duration_seconds_count", store=store) == 2
+
+    forged = await client.put(put, data=b"x", headers={"X-Fencing-Token": str(10**18)})
+    assert forged.status == 403
+    assert rejections(store, "token_not_issued") == 1
+    assert value(registry, "fencegate_storage_writes_total", store=store, result="failed") == 1
+
+
+async def test_lost_lease_increments_leases_lost(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+) -> None:
+    client, registry = await gateway()
+    grant = await _acquire(client, "short", ttl_ms=30)
+    assert value(registry, "fencegate_leases_held") == 1
+    await asyncio.sleep(0.1)
+    assert value(registry, "fencegate_leases_held") == 0  # expired, though never released
+    assert await _release(client, "short", grant["lease_id"]) == 409
+    assert value(registry, "fencegate_leases_lost_total", reason="expired") == 1
+    assert value(registry, "fencegate_lock_releases_total", result="lost") == 1
+    assert value(registry, "fencegate_lock_releases_total", result="released") == 0
+
+
+async def test_renewal_of_a_lost_lease_counts_as_a_lost_renewal(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+) -> None:
+    client, registry = await gateway()
+    grant = await _acquire(client, "short", ttl_ms=30)
+    await asyncio.sleep(0.1)
+    body = {"lease_id": grant["lease_id"], "ttl_ms": 1000}
+    assert (await client.post("/v1/locks/short/renew", json=body)).status == 409
+    assert value(registry, "fencegate_lock_renewals_total", result="lost") == 1
+    assert value(registry, "fencegate_lock_renewals_total", result="ok") == 0
+
+
+async def test_renewal_of_a_lost_lease_increments_leases_lost(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+) -> None:
+    client, registry = await gateway()
+    grant = await _acquire(client, "short", ttl_ms=30)
+    await asyncio.sleep(0.1)
+    body = {"lease_id": grant["lease_id"], "ttl_ms": 1000}
+    assert (await client.post("/v1/locks/short/renew", json=body)).status == 409
+    assert sum(value(registry, "fencegate_leases_lost_total", reason=r) for r in LOST_REASONS) == 1
+
+
+async def test_contended_acquire_observes_its_wait_and_is_a_waiter_meanwhile(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+) -> None:
+    client, registry = await gateway()
+    first = await _acquire(client, "hot", ttl_ms=5000)
+    second = asyncio.create_task(client.post("/v1/locks/hot", json={"wait_ms": 3000}))
+    for _ in range(200):  # until the second acquire waits (2 s at most)
+        if value(registry, "fencegate_lock_waiters"):
+            break
+        await asyncio.sleep(0.01)
+    assert value(registry, "fencegate_lock_waiters") == 1
+    await asyncio.sleep(0.2)
+    assert await _release(client, "hot", first["lease_id"]) == 204
+    assert (await second).status == 200
+    assert value(registry, "fencegate_lock_waiters") == 0
+    assert value(registry, "fencegate_lock_acquisitions_total", result="granted") == 2
+    waited = value(registry, "fencegate_lock_acquire_wait_seconds_sum", result="granted")
+    assert waited >= 0.2
+    assert value(registry, "fencegate_lock_acquire_wait_seconds_bucket", result="granted",
+                 le="0.1") == 1  # fmt: skip
+    busy = await client.post("/v1/locks/hot", json={"wait_ms": 0})
+    assert busy.status == 409
+    assert value(registry, "fencegate_lock_acquisitions_total", result="held") == 1
+
+
+def _node_errors(registry: CollectorRegistry, nodes: list[RedisNode]) -> list[float]:
+    return [value(registry, "fencegate_redis_node_errors_total", node=f"127.0.0.1:{n.port}")
+            for n in nodes]  # fmt: skip
+
+
+@pytest.mark.faults
+async def test_killed_node_shows_errors_for_that_node_only(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+    own_redis3: list[RedisNode],
+) -> None:
+    client, registry = await gateway(own_redis3)
+    grant = await _acquire(client, "before")
+    await _release(client, "before", grant["lease_id"])
+    assert _node_errors(registry, own_redis3) == [0, 0, 0]
+    own_redis3[1].kill()
+    for i in range(5):
+        grant = await _acquire(client, f"after/{i}")  # a majority still answers
+        assert await _release(client, f"after/{i}", grant["lease_id"]) == 204
+    errors = _node_errors(registry, own_redis3)
+    assert errors[1] >= 5, errors
+    assert errors[0] == errors[2] == 0, errors
+    for node in (own_redis3[0], own_redis3[2]):
+        latency = "fencegate_redis_node_latency_seconds_count"
+        assert value(registry, latency, node=f"127.0.0.1:{node.port}") >= 10
+
+
+@pytest.mark.faults
+async def test_lost_quorum_counts_a_quorum_failure(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+    own_redis3: list[RedisNode],
+) -> None:
+    client, registry = await gateway(own_redis3)
+    own_redis3[0].kill()
+    own_redis3[1].kill()
+    response = await client.post("/v1/locks/nobody")
+    assert response.status == 503
+    assert value(registry, "fencegate_quorum_failures_total", operation="acquire") == 1
+    assert value(registry, "fencegate_lock_acquisitions_total", result="quorum_unavailable") == 1
+    route = {"route": "/v1/locks/{name}", "method": "POST", "status": "503"}
+    assert value(registry, "fencegate_http_requests_total", **route) == 1
+
+
+async def test_each_node_reports_up_after_start(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]], redis3: list[RedisNode]
+) -> None:
+    _, registry = await gateway()
+    for node in redis3:
+        labels = {"node": f"127.0.0.1:{node.port}"}
+        up = sum(
+            value(registry, "fencegate_redis_node_state", state=state, **labels)
+            for state in ("connected", "healthy")
+        )
+        assert up == 1  # connected, or healthy once synced (a new cluster: no quarantine)
+        for state in ("down", "unsynced", "quarantined"):
+            assert value(registry, "fencegate_redis_node_state", state=state, **labels) == 0
+
+
+@pytest.mark.faults
+async def test_killed_node_state_becomes_down(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+    own_redis3: list[RedisNode],
+) -> None:
+    client, registry = await gateway(own_redis3)
+    own_redis3[1].kill()
+    node = f"127.0.0.1:{own_redis3[1].port}"
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        grant = await _acquire(client, "probe")
+        await _release(client, "probe", grant["lease_id"])
+        if value(registry, "fencegate_redis_node_state", node=node, state="down") == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert value(registry, "fencegate_redis_node_state", node=node, state="down") == 1
