@@ -150,6 +150,15 @@ class Metrics:
     http_requests: Counter
     http_latency: Histogram
     leases: LeaseTracker = field(default_factory=LeaseTracker)
+    # labelled children by (metric, labels): .labels() costs more than the update itself
+    _children: dict[tuple[object, tuple[str, ...]], Any] = field(default_factory=dict)
+
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     @classmethod
     def for_config(cls, registry: CollectorRegistry, config: Config) -> Metrics:
@@ -287,8 +296,8 @@ class Metrics:
 
     # lockservice.LockEvents
     def acquire_done(self, result: str, wait_seconds: float) -> None:
-        self.lock_acquisitions.labels(result).inc()
-        self.acquire_wait.labels(result).observe(wait_seconds)
+        self._child(self.lock_acquisitions, result).inc()
+        self._child(self.acquire_wait, result).observe(wait_seconds)
 
     def waiting(self, delta: int) -> None:
         self.waiters.inc(delta)
@@ -304,9 +313,9 @@ class Metrics:
         self.leases_lost.labels(reason).inc()
 
     def node_call(self, node: str, seconds: float, ok: bool) -> None:
-        self.node_latency.labels(node).observe(seconds)
+        self._child(self.node_latency, node).observe(seconds)
         if not ok:
-            self.node_errors.labels(node).inc()
+            self._child(self.node_errors, node).inc()
 
     def quorum_failed(self, operation: str) -> None:
         self.quorum_failures.labels(operation).inc()
@@ -317,8 +326,8 @@ class Metrics:
 
     # storage_adapters.StoreHooks
     def write_done(self, store: str, seconds: float, ok: bool) -> None:
-        self.storage_writes.labels(store, "ok" if ok else "failed").inc()
-        self.storage_write_latency.labels(store).observe(seconds)
+        self._child(self.storage_writes, store, "ok" if ok else "failed").inc()
+        self._child(self.storage_write_latency, store).observe(seconds)
 
     def rejected(self, store: str, reason: str) -> None:
         self.fencing_rejections.labels(store, reason).inc()
@@ -336,5 +345,5 @@ class Metrics:
             self.hold_time.observe(held)
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.http_requests.labels(route, method, str(status)).inc()
-        self.http_latency.labels(route, method).observe(seconds)
+        self._child(self.http_requests, route, method, str(status)).inc()
+        self._child(self.http_latency, route, method).observe(seconds)

@@ -194,6 +194,7 @@ class PgStoreBase(FencedStore):
                     timeout=self._connect_timeout,
                     command_timeout=self._command_timeout,
                     server_settings=self._server_settings,
+                    reset=_keep_session,
                 )
             try:
                 with pg_errors(self.name, values=False):
@@ -254,3 +255,12 @@ class PgStoreBase(FencedStore):
         accepted = await conn.fetchval(raise_mark_sql(self._schema_q), scope, token)
         if accepted is None:
             raise await self._stale(conn, scope, token)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset: nothing to undo (asyncpg still rolls back an open transaction).
+
+    The stores set no session state and use no LISTEN, cursors or session-level
+    advisory locks (only transaction-scoped ones), so the default reset (advisory
+    unlock, CLOSE ALL, UNLISTEN, RESET ALL) would only cost a round trip per write.
+    """
