@@ -61,8 +61,8 @@ T = TypeVar("T")
 
 CANNOT_FIRE = {
     "FencegateRedisNodeQuarantined": (
-        "lockservice reports node_state('connected') only, never 'quarantined', so no load "
-        "can make it fire yet; the gauge under the comparison is checked instead"
+        "the load kills redis nodes but restarts none, so none is quarantined; the gauge "
+        "under the comparison is checked instead"
     ),
 }
 FORGED = 9_000_000_000_000_000_000  # below 2**63, far above any token issued here
