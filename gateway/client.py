@@ -34,7 +34,7 @@ import aiohttp
 from yarl import URL
 
 from lockservice.lease import Lease
-from lockservice.renew import Renewal
+from lockservice.renew import Renewal, hold
 
 __all__ = [
     "BadRequest",
@@ -281,26 +281,8 @@ class FencegateClient:
             if auto_renew
             else None
         )
-        try:
-            if renewal is None:
-                yield lease
-            else:
-                async with renewal:
-                    yield lease
-        except LeaseLost as exc:
-            if renewal is None or renewal.lost is not exc:  # e.g. a nested lock's loss
-                await asyncio.shield(self._release_quietly(lease))
-            raise
-        except BaseException:
-            await asyncio.shield(self._release_quietly(lease))
-            raise
-        await asyncio.shield(self.release(lease))
-
-    async def _release_quietly(self, lease: Lease) -> None:
-        try:
-            await self.release(lease)
-        except FencegateError as exc:
-            log.warning("release of %r failed (it will expire): %s", lease.name, exc)
+        async with hold(lease, renewal, self.release, release_errors=(FencegateError,)) as held:
+            yield held
 
     # stores
     async def put(

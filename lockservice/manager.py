@@ -25,7 +25,7 @@ from lockservice.events import ContentionObserver, LockEvents, NoEvents
 from lockservice.lease import Lease, LockInfo, validate_name, validate_ttl
 from lockservice.memory import MemoryBackend
 from lockservice.redlock import Redlock
-from lockservice.renew import Renewal
+from lockservice.renew import Renewal, hold
 
 __all__ = ["LockManager"]
 
@@ -360,28 +360,7 @@ class LockManager:
             if auto_renew
             else None
         )
-        try:
-            if renewal is None:
-                yield lease
-            else:
-                async with renewal:
-                    yield lease
-        except LeaseLost as exc:
-            if renewal is None or renewal.lost is not exc:  # e.g. a nested lock's loss
-                current = renewal.lease if renewal is not None else lease
-                await asyncio.shield(self._release_quietly(current))
-            raise  # when the watchdog saw it go, there is nothing left to release
-        except BaseException:
-            current = renewal.lease if renewal is not None else lease
-            await asyncio.shield(self._release_quietly(current))
-            raise
-        current = renewal.lease if renewal is not None else lease
-        await asyncio.shield(self.release(current))
-
-    async def _release_quietly(self, lease: Lease) -> None:
-        try:
-            await self.release(lease)
-        except LeaseLost:
-            log.warning("lease on %r had expired before its release", lease.name)
-        except QuorumUnavailable as exc:
-            log.warning("release of %r incomplete (it will expire): %s", lease.name, exc)
+        async with hold(
+            lease, renewal, self.release, release_errors=(LeaseLost, QuorumUnavailable)
+        ) as held:
+            yield held

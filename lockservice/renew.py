@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from types import TracebackType
 
 from lockservice.lease import Lease
 
-__all__ = ["Renewal"]
+__all__ = ["Renewal", "hold"]
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +112,34 @@ class Renewal:
         if self._in_body and self._owner is not None and not self._owner.done():
             self._cancelled_owner = True
             self._owner.cancel(msg=str(exc))
+
+
+@asynccontextmanager
+async def hold(
+    lease: Lease,
+    renewal: Renewal | None,
+    release: Callable[[Lease], Awaitable[None]],
+    *,
+    release_errors: tuple[type[BaseException], ...],
+) -> AsyncIterator[Lease]:
+    """The body of ``lock()``: keep ``lease`` (renewed by ``renewal``), then release it.
+
+    The release runs even when the body is cancelled. When the body failed, a
+    failed release is only logged (the lease will expire); when the watchdog
+    found the lease lost, there is nothing left to release.
+    """
+    try:
+        if renewal is None:
+            yield lease
+        else:
+            async with renewal:
+                yield lease
+    except BaseException as exc:
+        if renewal is None or renewal.lost is not exc:
+            current = renewal.lease if renewal is not None else lease
+            try:
+                await asyncio.shield(release(current))
+            except release_errors as error:
+                log.warning("release of %r failed (it will expire): %s", current.name, error)
+        raise
+    await asyncio.shield(release(renewal.lease if renewal is not None else lease))

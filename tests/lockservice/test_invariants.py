@@ -209,3 +209,19 @@ async def test_a_handle_by_name_and_id_extends_and_releases(make_manager: MakeMa
         await mgr.release(mgr.handle("inv/handle", lease.lease_id))
     with pytest.raises(ValueError, match="lease id"):
         mgr.handle("inv/handle", "not-hex")
+
+
+async def test_a_nested_locks_loss_still_releases_the_outer_lock(
+    make_manager: MakeManager,
+) -> None:
+    mgr = await make_manager()
+
+    async def body() -> None:
+        async with mgr.lock("inv/outer", ttl=5.0):
+            inner = await mgr.acquire("inv/inner", ttl=0.05)
+            await asyncio.sleep(0.1)
+            await mgr.release(inner)  # LeaseLost: the inner lease expired
+
+    with pytest.raises(LeaseLost):
+        await body()
+    assert not (await mgr.inspect("inv/outer")).held
