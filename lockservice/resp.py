@@ -46,6 +46,7 @@ class Connection(asyncio.Protocol):
         self._reader = hiredis.Reader()
         self._pending: collections.deque[tuple[asyncio.Future[Reply], float]] = collections.deque()
         self._out: list[bytes] = []
+        self._burst = False
         self._transport: asyncio.Transport | None = None
         self._on_push = on_push
         self.closed = False
@@ -85,18 +86,30 @@ class Connection(asyncio.Protocol):
         if self.closed:
             fut.set_result(ConnectionError("connection closed"))
             return fut
-        if not self._out:
-            self._loop.call_soon(self._flush)
-        self._out.append(_pack(args))
         self._pending.append((fut, self._loop.time()))
+        self._write(_pack(args))
         return fut
+
+    def _write(self, packed: bytes) -> None:
+        # The first command of a loop turn goes out at once (latency); the rest of
+        # that turn is batched into one write at its end (throughput).
+        if self._out:
+            self._out.append(packed)
+        elif self._burst:
+            self._out.append(packed)
+            self._loop.call_soon(self._flush)
+        elif self._transport is not None:
+            self._transport.write(packed)
+            self._burst = True
+            self._loop.call_soon(self._end_burst)
+
+    def _end_burst(self) -> None:
+        self._burst = False
 
     def send_untracked(self, *args: bytes | str | int) -> None:
         """Queue a command whose replies arrive as pushes (SUBSCRIBE)."""
         if not self.closed:
-            if not self._out:
-                self._loop.call_soon(self._flush)
-            self._out.append(_pack(args))
+            self._write(_pack(args))
 
     def _flush(self) -> None:
         if self._out and self._transport is not None and not self.closed:
