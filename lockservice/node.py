@@ -104,7 +104,7 @@ class Node:
         address: NodeAddress,
         *,
         timeout: float,
-        channel: str,
+        channels: tuple[str, ...],
         on_release: Callable[[bytes], None],
         on_connected: Callable[[Node, bool], Awaitable[None]],
         cleanup_horizon: float = 300.0,
@@ -113,7 +113,7 @@ class Node:
         self.label = address.label
         self.timeout = timeout
         self.run_id: str | None = None
-        self._channel = channel
+        self._channels = channels
         self._on_release = on_release
         self._on_connected = on_connected
         self._conn: Connection | None = None
@@ -254,7 +254,7 @@ class Node:
             sub = await self._open(on_push=self._push)
         except ConnectionError:
             return False
-        sub.send_untracked("SUBSCRIBE", self._channel)
+        sub.send_untracked("SUBSCRIBE", *self._channels)
         self._sub = sub
         return True
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -74,13 +75,15 @@ class Redlock:
         if len(set(labels)) != len(labels):
             raise ValueError(f"redis nodes: the same node is listed twice in {labels}")
         self.waiters = Waiters()
+        # Releases that name one of this process's waiters come on its own channel.
+        self._process = secrets.token_hex(8)
         self._events = events
         self._timeout = node_timeout
         self.nodes = [
             Node(
                 a,
                 timeout=node_timeout,
-                channel=RELEASE_CHANNEL,
+                channels=(RELEASE_CHANNEL, f"{RELEASE_CHANNEL}:{self._process}"),
                 on_release=self.waiters.wake_from_message,
                 on_connected=self._on_connected,
                 cleanup_horizon=max_ttl,
@@ -169,9 +172,12 @@ class Redlock:
         args: Sequence[str | int],
         *,
         run_id: bool = False,
+        tail: tuple[str, ...] = (),
     ) -> list[asyncio.Future[Reply]]:
         if run_id:  # scripts that trust a node only in the run it was synced in
-            return [node.call(script, keys, (*args, node.run_id or "")) for node in self.nodes]
+            return [
+                node.call(script, keys, (*args, node.run_id or "", *tail)) for node in self.nodes
+            ]
         return [node.call(script, keys, args) for node in self.nodes]
 
     def _decider(self, good: Callable[[Reply], bool]) -> Callable[[list[Reply]], bool]:
@@ -239,7 +245,7 @@ class Redlock:
         start = loop.time()
         keys = (_lock_key(name), _fence_key(name), SYNCED_KEY, QUARANTINE_KEY, *_queue_keys(name))
         args = (lease_id, max(1, int(ttl * 1000)), ticket, _KEEPALIVE_MS)
-        futures = self._call_all(scripts.ACQUIRE, keys, args, run_id=True)
+        futures = self._call_all(scripts.ACQUIRE, keys, args, run_id=True, tail=(self._process,))
         replies = await self._round(futures, self._acquire_decider())
         grants = [int(r[0]) for r in replies if _granted(r)]
         busy = [int(r[1]) for r in replies if _answered(r) and int(r[0]) == 0]
@@ -309,7 +315,7 @@ class Redlock:
     def _undo(self, name: str, lease_id: str, *, leave_queue: bool) -> None:
         # Sent on each node's connection after the acquire, so it runs after it.
         keys = (_lock_key(name), *_queue_keys(name))
-        args = (lease_id, RELEASE_CHANNEL, name, "1" if leave_queue else "0")
+        args = (lease_id, RELEASE_CHANNEL, name, "1" if leave_queue else "0", self._process)
         self._send_release(keys, args)
 
     def _send_release(
@@ -338,7 +344,7 @@ class Redlock:
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         keys = (_lock_key(name), *_queue_keys(name))
-        futures = self._send_release(keys, (lease_id, RELEASE_CHANNEL, name, "1"))
+        futures = self._send_release(keys, (lease_id, RELEASE_CHANNEL, name, "1", self._process))
         if not confirm:
             return True
         replies = await self._round(futures, self._decider(_one))

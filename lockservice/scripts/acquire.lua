@@ -6,6 +6,8 @@
           (the same number on every node, so every node orders waiters alike)
   ARGV[4] keepalive (ms): a queued waiter that does not try again within it is dropped
   ARGV[5] the node's run_id as the caller read it when it connected
+  ARGV[6] the caller's process id: queue members are "<lease_id>@<process>", so a
+          release can wake the next waiter's process alone
   Returns {token, 0} when granted (token > 0),
           {0, pttl}  when another lease holds it or an earlier waiter is queued
                      (pttl: the holder's remaining ms, 0 when only queued behind),
@@ -34,12 +36,13 @@ if q > 0 then
   return {-1, q}
 end
 local id = ARGV[1]
+local member = id .. '@' .. ARGV[6]
 
 local function enqueue(now)
   if ARGV[3] ~= '' then
     local keepalive = tonumber(ARGV[4])
-    redis.call('ZADD', KEYS[5], 'NX', ARGV[3], id)
-    redis.call('ZADD', KEYS[6], now + keepalive, id)
+    redis.call('ZADD', KEYS[5], 'NX', ARGV[3], member)
+    redis.call('ZADD', KEYS[6], now + keepalive, member)
     -- queues of names nobody asks for again must not stay forever
     redis.call('PEXPIRE', KEYS[5], 2 * keepalive)
     redis.call('PEXPIRE', KEYS[6], 2 * keepalive)
@@ -66,12 +69,12 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
     redis.call('ZREM', KEYS[5], unpack(dead))
   end
   local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
-  if head and head ~= id then
+  if head and head ~= member then
     enqueue(now)
     return {0, 0}
   end
-  redis.call('ZREM', KEYS[5], id)
-  redis.call('ZREM', KEYS[6], id)
+  redis.call('ZREM', KEYS[5], member)
+  redis.call('ZREM', KEYS[6], member)
 end
 local token = redis.call('INCR', KEYS[2])
 base = tonumber(base)

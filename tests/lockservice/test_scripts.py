@@ -30,13 +30,23 @@ def run(r: redis.Redis, script: scripts.Script, keys: list[str], args: list[obje
     return r.eval(script.source, len(keys), *keys, *args)
 
 
-def acquire(r: redis.Redis, lease_id: str, ttl: int = 10_000, ticket: str = "") -> object:
+PROC = "p1"  # the caller's process id
+
+
+def acquire(
+    r: redis.Redis, lease_id: str, ttl: int = 10_000, ticket: str = "", proc: str = PROC
+) -> object:
     keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
-    return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000, RUN_ID])
+    return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000, RUN_ID, proc])
 
 
-def release(r: redis.Redis, lease_id: str, leave_queue: str = "1") -> object:
-    return run(r, scripts.RELEASE, [LOCK, WAITQ, WAITX], [lease_id, "chan", "n", leave_queue])
+def release(r: redis.Redis, lease_id: str, leave_queue: str = "1", proc: str = PROC) -> object:
+    args = [lease_id, "chan", "n", leave_queue, proc]
+    return run(r, scripts.RELEASE, [LOCK, WAITQ, WAITX], args)
+
+
+def member(lease_id: str, proc: str = PROC) -> bytes:
+    return f"{lease_id}@{proc}".encode()
 
 
 def test_acquire_grants_and_issues_token_above_base(r: redis.Redis) -> None:
@@ -148,26 +158,30 @@ def test_script_shas_match_their_sources(r: redis.Redis) -> None:
 def test_free_lock_goes_to_the_earliest_queued_waiter(r: redis.Redis) -> None:
     id_c = "c" * 32
     acquire(r, ID_A)
-    assert acquire(r, ID_B, ticket="1000.5")[0] == 0  # type: ignore[index]
+    assert acquire(r, ID_B, ticket="1000.5", proc="p2")[0] == 0  # type: ignore[index]
     assert acquire(r, id_c, ticket="2000")[0] == 0  # type: ignore[index]
     pubsub = r.pubsub()
-    pubsub.subscribe("chan")
-    pubsub.get_message(timeout=1)
+    pubsub.subscribe("chan", "chan:p1", "chan:p2")
+    for _ in range(3):
+        pubsub.get_message(timeout=1)
     release(r, ID_A)
     message = pubsub.get_message(timeout=1)
     assert message is not None
-    assert message["data"] == f"n\n{ID_A}\n{ID_B}".encode()  # wakes the head only
+    # only the head waiter's process hears it
+    assert message["channel"] == b"chan:p2"
+    assert message["data"] == f"n\n{ID_A}\n{ID_B}".encode()
+    assert pubsub.get_message(timeout=0.1) is None
     assert acquire(r, ID_A, ticket="3000") == [0, 0]  # the releaser cannot barge back in
     assert acquire(r, id_c, ticket="2000") == [0, 0]  # nor can a later waiter
-    assert acquire(r, ID_B, ticket="1000.5")[0] == BASE + 2  # type: ignore[index]
-    assert r.zrange(WAITQ, 0, -1) == [id_c.encode(), ID_A.encode()]
+    assert acquire(r, ID_B, ticket="1000.5", proc="p2")[0] == BASE + 2  # type: ignore[index]
+    assert r.zrange(WAITQ, 0, -1) == [member(id_c), member(ID_A)]
     pubsub.close()
 
 
 def test_dead_waiters_expire_from_the_queue(r: redis.Redis) -> None:
     keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
     acquire(r, ID_A, ttl=100)
-    run(r, scripts.ACQUIRE, keys, [ID_B, 10_000, "1", 50, RUN_ID])  # queued, keepalive 50 ms
+    run(r, scripts.ACQUIRE, keys, [ID_B, 10_000, "1", 50, RUN_ID, PROC])  # keepalive 50 ms
     time.sleep(0.2)  # B never comes back; A's lock expired too
     assert acquire(r, "c" * 32, ticket="5")[0] == BASE + 2  # type: ignore[index]
     assert r.exists(WAITQ, WAITX) == 0  # empty queues leave no keys behind
@@ -179,7 +193,7 @@ def test_giving_up_leaves_the_queue_and_wakes_the_next(r: redis.Redis) -> None:
     acquire(r, "c" * 32, ticket="2")
     time.sleep(0.15)  # A expired, B was about to take it but gives up
     assert release(r, ID_B) == 0
-    assert r.zrange(WAITQ, 0, -1) == [b"c" * 32]
+    assert r.zrange(WAITQ, 0, -1) == [member("c" * 32)]
 
 
 def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
@@ -187,6 +201,6 @@ def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
     acquire(r, ID_B, ticket="2")  # queued behind A's hold
     assert 0 < r.pttl(WAITQ) <= 6_000  # queues of forgotten names expire
     assert release(r, ID_B, leave_queue="0") == 0
-    assert r.zrange(WAITQ, 0, -1) == [ID_B.encode()]
+    assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
     assert release(r, ID_B, leave_queue="1") == 0
     assert r.exists(WAITQ) == 0
