@@ -133,6 +133,11 @@ def pg_errors(store: str, *, values: bool = True) -> Iterator[None]:
         OSError,
         TimeoutError,
     ) as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # A cancelled call whose cleanup failed (e.g. the connection release timed
+            # out on a hung server): the cancellation wins, never a storage error.
+            raise asyncio.CancelledError() from exc
         error = _translate(store, exc)
         if isinstance(error, BadValue) and not values:
             error = StorageError(f"store {store!r}: {exc}")

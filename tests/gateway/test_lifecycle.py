@@ -92,3 +92,24 @@ async def test_fencing_none_is_announced_loudly(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("fencing = 'none'" in m and "raw" in m for m in warnings)
     assert any("in this process only" in m for m in warnings)
+
+
+async def test_a_cancelled_store_call_on_a_hung_server_stays_cancelled(
+    pg_dsn: str, pg_schema: str, pg_proxy: TcpProxy
+) -> None:
+    """The cancellation wins over the storage error its cleanup raises."""
+    from storage_adapters import PostgresStore
+
+    store = PostgresStore("kv", via_proxy(pg_dsn, pg_proxy), schema=pg_schema, acquire_timeout=0.5)
+    await store.start()
+    try:
+        await store.put("kv/c", "c", 1, b"v")
+        pg_proxy.stall()
+        task = asyncio.create_task(store.put("kv/c", "c", 2, b"w"))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        pg_proxy.resume()
+        await store.close()
