@@ -35,6 +35,11 @@ _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
 
 
+def _wake_up(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _Turn:
     """A FIFO turn per name: one local task at a time contends in the backend."""
 
@@ -240,7 +245,11 @@ class LockManager:
                     if attempt.retry_after > 0:
                         sleep = min(sleep, attempt.retry_after + 0.001)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
-                    await asyncio.wait((woken,), timeout=sleep)
+                    timer = loop.call_later(sleep, _wake_up, woken)
+                    try:
+                        await woken  # a release of this name, or the timer
+                    finally:
+                        timer.cancel()
                 finally:
                     backend.waiters.unregister(name, lease_id)
         except BaseException:
