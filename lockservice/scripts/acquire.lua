@@ -68,9 +68,12 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
     redis.call('ZREM', KEYS[6], unpack(dead))
     redis.call('ZREM', KEYS[5], unpack(dead))
   end
+  -- Join first (NX keeps an earlier place), then look: a waiter this node had not
+  -- seen yet (it restarted, or missed an enqueue) takes its place by its ticket now,
+  -- as on the other nodes, instead of waiting a retry behind later waiters.
+  enqueue(now)
   local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
   if head and head ~= member then
-    enqueue(now)
     return {0, 0}
   end
   redis.call('ZREM', KEYS[5], member)

@@ -204,3 +204,13 @@ def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
     assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
     assert release(r, ID_B, leave_queue="1") == 0
     assert r.exists(WAITQ) == 0
+
+
+def test_a_waiter_the_node_had_not_seen_takes_its_place_by_ticket(r: redis.Redis) -> None:
+    """After a node restart its queue is rebuilt in ticket order, not arrival order."""
+    acquire(r, ID_A, ttl=100)
+    acquire(r, ID_B, ticket="2000")  # B reached this node, the earlier A-waiter C had not
+    time.sleep(0.15)  # the holder expired
+    id_c = "c" * 32
+    assert acquire(r, id_c, ticket="1000")[0] == BASE + 2  # type: ignore[index]
+    assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
