@@ -32,6 +32,7 @@ __all__ = ["LockManager"]
 log = logging.getLogger(__name__)
 
 _BACKOFF_FIRST = 0.05
+_BACKOFF_QUEUED = 0.25  # a queued waiter is woken by the release: polling is the fallback
 _BACKOFF_MAX = 1.0
 
 
@@ -229,7 +230,7 @@ class LockManager:
     ) -> Lease:
         loop = asyncio.get_running_loop()
         backend = self._backend
-        backoff = _BACKOFF_FIRST
+        backoff = _BACKOFF_QUEUED if ticket else _BACKOFF_FIRST
         try:
             while True:
                 woken = backend.waiters.register(name, lease_id)  # before the try
