@@ -318,8 +318,6 @@ class LockManager:
         except QuorumUnavailable:
             self.events.quorum_failed("release")
             raise
-        if released:
-            self._backend.waiters.wake(lease.name, lease.lease_id)
         if expired or not released:
             self.events.released(0.0, "lost")
             self.events.lease_lost("expired")

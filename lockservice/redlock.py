@@ -27,6 +27,7 @@ from lockservice import scripts
 from lockservice.backend import Attempt, drift
 from lockservice.errors import LeaseLost, QuorumUnavailable
 from lockservice.events import LockEvents
+from lockservice.handover import Pending
 from lockservice.lease import LockInfo
 from lockservice.node import Node, parse_node_url
 from lockservice.resp import Reply, is_failure
@@ -49,11 +50,21 @@ def _fence_key(name: str) -> str:
     return f"fence:{{{name}}}"
 
 
-def _queue_keys(name: str) -> tuple[str, str]:
-    return f"waitq:{{{name}}}", f"waitx:{{{name}}}"
+def _keys(name: str) -> tuple[str, ...]:
+    """The keys acquire.lua and release.lua take, in their order."""
+    return (
+        _lock_key(name),
+        _fence_key(name),
+        SYNCED_KEY,
+        QUARANTINE_KEY,
+        f"waitq:{{{name}}}",
+        f"waitx:{{{name}}}",
+        f"waitt:{{{name}}}",
+    )
 
 
 _KEEPALIVE_MS = 3000  # a queued waiter retries at least every ~1.5 s
+_RECENT = 4096  # granted leases remembered, for grants handed over after the decision
 
 
 def _describe(reply: Reply) -> str:
@@ -83,13 +94,15 @@ class Redlock:
             Node(
                 a,
                 timeout=node_timeout,
-                channels=(RELEASE_CHANNEL, f"{RELEASE_CHANNEL}:{self._process}"),
-                on_release=self.waiters.wake_from_message,
+                channels=(f"{RELEASE_CHANNEL}:{self._process}",),
+                on_release=functools.partial(self._on_message, i),
                 on_connected=self._on_connected,
                 cleanup_horizon=max_ttl,
             )
-            for a in addresses
+            for i, a in enumerate(addresses)
         ]
+        self._pending: dict[str, Pending] = {}  # queued acquires, by lease_id
+        self._recent: dict[str, int] = {}  # token of recently granted leases
         self.quorum = len(self.nodes) // 2 + 1
         self._last_errors: dict[str, str] = {}
         self._states: dict[str, str] = {}
@@ -197,18 +210,21 @@ class Redlock:
 
         return decided
 
-    def _acquire_decider(self) -> Callable[[list[Reply]], bool]:
+    def _acquire_decider(self, before: frozenset[int]) -> Callable[[list[Reply]], bool]:
         """Granted, held or unavailable: decided only once the class is certain.
 
         A held lock must not be reported as a lost quorum because the node that
-        would have said "held" had not answered yet.
+        would have said "held" had not answered yet. ``before``: nodes whose
+        grant this waiter already holds (handed over by a release).
         """
         q = self.quorum
 
         def decided(replies: list[Reply]) -> bool:
             granted = held = pending = 0
-            for reply in replies:
-                if reply is _UNSET:
+            for i, reply in enumerate(replies):
+                if i in before:
+                    granted += 1
+                elif reply is _UNSET:
                     pending += 1
                 elif _granted(reply):
                     granted += 1
@@ -243,35 +259,115 @@ class Redlock:
     async def _attempt(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt | None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        keys = (_lock_key(name), _fence_key(name), SYNCED_KEY, QUARANTINE_KEY, *_queue_keys(name))
+        pending = self._pending.get(lease_id) if ticket else None
+        if pending is not None:
+            ready = pending.lease(self.quorum, start)
+            if ready is not None:  # releases handed it over: no round trip
+                return await self._grant(name, lease_id, ticket, pending, ready)
+        elif ticket:
+            pending = self._pending[lease_id] = Pending(name, len(self.nodes), ttl, start)
+        else:  # a try without waiting: this try's grants alone
+            pending = Pending(name, len(self.nodes), ttl, start)
         args = (lease_id, max(1, int(ttl * 1000)), ticket, _KEEPALIVE_MS)
-        futures = self._call_all(scripts.ACQUIRE, keys, args, run_id=True, tail=(self._process,))
-        replies = await self._round(futures, self._acquire_decider())
-        grants = [int(r[0]) for r in replies if _granted(r)]
-        busy = [int(r[1]) for r in replies if _answered(r) and int(r[0]) == 0]
-        for node, reply in zip(self.nodes, replies, strict=True):
-            if _answered(reply) and int(reply[0]) == -2:
-                self.resyncer.schedule(node)
-        if len(grants) >= self.quorum:
-            token = max(grants)
-            self._reconcile_late(futures, replies, name, lease_id, token)
-            if any(g != token for g in grants) and not await self._raise_fence(
-                name, lease_id, token
-            ):
-                self._undo(name, lease_id, leave_queue=False)
-                return None
-            valid_until = start + ttl - drift(ttl)
-            if valid_until > loop.time():
-                return Attempt(token, valid_until, 0.0)
-            self._undo(name, lease_id, leave_queue=False)
+        futures = self._call_all(
+            scripts.ACQUIRE, _keys(name), args, run_id=True, tail=(self._process,)
+        )
+        before = frozenset(pending.grants) if pending.grants else frozenset()
+        replies = await self._round(futures, self._acquire_decider(before))
+        busy = []
+        for i, reply in enumerate(replies):
+            if not _answered(reply):
+                continue
+            code = int(reply[0])
+            if code > 0:
+                pending.granted(i, code, start)
+            elif code == 0:
+                busy.append(int(reply[1]))
+                pending.refused(i, start)
+            elif code == -2:
+                self.resyncer.schedule(self.nodes[i])
+        ready = pending.lease(self.quorum, loop.time())
+        if ready is not None:
+            self._reconcile_late(futures, replies, name, lease_id, ready[0])
+            return await self._grant(name, lease_id, ticket, pending, ready)
+        granted = len(pending.grants)
+        if ticket:  # a node still to answer may yet grant: that grant is the waiter's
+            for i, reply in enumerate(replies):
+                if reply is _UNSET:
+                    futures[i].add_done_callback(
+                        functools.partial(self._late_reply, name, lease_id, i, start)
+                    )
+        if granted or (not ticket and any(r is _UNSET for r in replies)):
+            self._undo(name, lease_id, ticket, pending)
+        if granted >= self.quorum:
             return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
-        if grants or any(r is _UNSET for r in replies):
-            self._undo(name, lease_id, leave_queue=False)
-        if busy and len(grants) + len(busy) >= self.quorum:
+        if busy and granted + len(busy) >= self.quorum:
             # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
             return Attempt(0, 0.0, max(busy) / 1000)
         self._last_errors = self._errors(replies, _granted)
         return None
+
+    async def _grant(
+        self,
+        name: str,
+        lease_id: str,
+        ticket: str,
+        pending: Pending,
+        ready: tuple[int, float, bool],
+    ) -> Attempt | None:
+        """A quorum of valid grants: round 2 if their tokens differ, then the lease."""
+        token, valid_until, agreed = ready
+        if not agreed and not await self._raise_fence(name, lease_id, token):
+            self._undo(name, lease_id, ticket, pending)
+            return None
+        if valid_until <= asyncio.get_running_loop().time():
+            self._undo(name, lease_id, ticket, pending)
+            return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
+        self._pending.pop(lease_id, None)
+        if ticket:  # hand-overs may still come in from the other nodes
+            if len(self._recent) >= _RECENT:
+                del self._recent[next(iter(self._recent))]
+            self._recent[lease_id] = token
+        return Attempt(token, valid_until, 0.0)
+
+    def _on_message(self, index: int, payload: bytes) -> None:
+        """A message on this process's release channel, from node ``index``."""
+        parts = payload.decode(errors="replace").split("\n")
+        if len(parts) != 4:
+            self.waiters.wake_from_message(payload)  # a wake-up: try again
+            return
+        name, _, lease_id, token = parts
+        pending = self._pending.get(lease_id)
+        if pending is not None:
+            pending.handed(index, int(token))
+            loop = asyncio.get_running_loop()
+            if pending.lease(self.quorum, loop.time()) is not None:
+                self.waiters.wake(name, head=lease_id)
+            return
+        self._granted_late(index, name, lease_id, int(token))
+
+    def _granted_late(self, index: int, name: str, lease_id: str, token: int) -> None:
+        """A node granted after the acquire was decided (an acquire that gave up sent
+        a release after its tries, which frees the grant)."""
+        granted = self._recent.get(lease_id)
+        if granted is not None:
+            self._settle_late(index, name, lease_id, granted, token)
+
+    def _settle_late(self, index: int, name: str, lease_id: str, granted: int, late: int) -> None:
+        """Node ``index`` granted lease ``granted`` late, counting ``late``.
+
+        The lease's real token is recorded there, or that node's lock value would
+        carry a token nobody was issued. A node whose counter ran ahead raises the
+        others' to it, so that the next grant finds them equal (no round 2).
+        """
+        if late == granted:
+            return
+        keys = (_fence_key(name), _lock_key(name))
+        self.nodes[index].call(scripts.RAISE_FENCE, keys, (granted, lease_id))
+        if late > granted:
+            for i, node in enumerate(self.nodes):
+                if i != index:
+                    node.call(scripts.RAISE_FENCE, keys, (late, ""))  # counter only
 
     def _reconcile_late(
         self,
@@ -285,18 +381,16 @@ class Redlock:
 
         Otherwise its lock value would carry a token nobody was issued.
         """
-        for node, fut, reply in zip(self.nodes, futures, replies, strict=True):
+        for i, (fut, reply) in enumerate(zip(futures, replies, strict=True)):
             if reply is not _UNSET:
                 continue
 
-            def late(fut: asyncio.Future[Reply], node: Node = node) -> None:
+            def late(fut: asyncio.Future[Reply], index: int) -> None:
                 reply = fut.result()
-                if _granted(reply) and int(reply[0]) != token:
-                    node.call(
-                        scripts.RAISE_FENCE, (_fence_key(name), _lock_key(name)), (token, lease_id)
-                    )
+                if _granted(reply):
+                    self._settle_late(index, name, lease_id, token, int(reply[0]))
 
-            fut.add_done_callback(late)
+            fut.add_done_callback(functools.partial(late, index=i))
 
     async def _raise_fence(self, name: str, lease_id: str, token: int) -> bool:
         futures = self._call_all(
@@ -310,22 +404,74 @@ class Redlock:
         return sum(good(r) for r in replies) >= self.quorum
 
     def abandon(self, name: str, lease_id: str) -> None:
-        self._undo(name, lease_id, leave_queue=True)
+        self._pending.pop(lease_id, None)
+        self._send_release(name, lease_id, "1")
 
-    def _undo(self, name: str, lease_id: str, *, leave_queue: bool) -> None:
-        # Sent on each node's connection after the acquire, so it runs after it.
-        keys = (_lock_key(name), *_queue_keys(name))
-        args = (lease_id, RELEASE_CHANNEL, name, "1" if leave_queue else "0", self._process)
-        self._send_release(keys, args)
+    def _undo(self, name: str, lease_id: str, ticket: str, pending: Pending) -> None:
+        """Give back the grants of a failed try; a queued waiter keeps those it is owed.
+
+        Sent on each node's connection after the acquire, so it runs after it.
+        Until a node answers, its grant does not count.
+        """
+        pending.park()
+        ttl = max(1, int(pending.ttl * 1000))
+        futures = self._send_release(name, lease_id, "0", ticket, ttl, replay=not ticket)
+        if ticket:
+            for i, fut in enumerate(futures):
+                fut.add_done_callback(functools.partial(self._undone, lease_id, i))
+
+    def _late_reply(
+        self, name: str, lease_id: str, index: int, sent: float, fut: asyncio.Future[Reply]
+    ) -> None:
+        """A queued waiter's try answered after the try was decided."""
+        reply = fut.result()
+        if not _answered(reply):
+            return
+        code = int(reply[0])
+        pending = self._pending.get(lease_id)
+        if pending is None:
+            if code > 0:
+                self._granted_late(index, name, lease_id, code)
+            return
+        if code == 0:
+            pending.refused(index, sent)
+        elif code > 0:
+            pending.granted(index, code, sent)
+            if pending.lease(self.quorum, asyncio.get_running_loop().time()):
+                self.waiters.wake(pending.name, head=lease_id)
+
+    def _undone(self, lease_id: str, index: int, fut: asyncio.Future[Reply]) -> None:
+        reply = fut.result()
+        pending = self._pending.get(lease_id)
+        if pending is None or not isinstance(reply, int):
+            return
+        pending.undone(index, reply)
+        if reply > 0 and pending.lease(self.quorum, asyncio.get_running_loop().time()):
+            self.waiters.wake(pending.name, head=lease_id)
 
     def _send_release(
-        self, keys: tuple[str, ...], args: tuple[str, ...]
+        self,
+        name: str,
+        lease_id: str,
+        mode: str,
+        ticket: str = "",
+        ttl: int = 0,
+        *,
+        replay: bool = True,
     ) -> list[asyncio.Future[Reply]]:
-        """Send a release everywhere; a node that cannot take it now gets it on reconnect."""
+        """Send release.lua everywhere; a node that cannot take it now gets it on reconnect.
+
+        A queued waiter's undo is not replayed: the waiter itself settles what it holds.
+        """
+        keys = _keys(name)
+        head = (lease_id, RELEASE_CHANNEL, name, mode, self._process)
+        tail = (ticket, str(_KEEPALIVE_MS), str(ttl))
         futures = []
         for node in self.nodes:
+            args = (*head, node.run_id or "", *tail)
             fut = node.call(scripts.RELEASE, keys, args)
-            fut.add_done_callback(functools.partial(_retry_later, node, keys, args))
+            if replay:
+                fut.add_done_callback(functools.partial(_retry_later, node, keys, args))
             futures.append(fut)
         return futures
 
@@ -343,8 +489,7 @@ class Redlock:
         raise QuorumUnavailable(name, self._errors(replies, _positive), self.quorum)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
-        keys = (_lock_key(name), *_queue_keys(name))
-        futures = self._send_release(keys, (lease_id, RELEASE_CHANNEL, name, "1", self._process))
+        futures = self._send_release(name, lease_id, "1")
         if not confirm:
             return True
         replies = await self._round(futures, self._decider(_one))

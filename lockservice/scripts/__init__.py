@@ -27,13 +27,18 @@ class Script:
     sha: bytes
 
 
-def _load(name: str) -> Script:
-    source = files(__name__).joinpath(f"{name}.lua").read_bytes()
+def _read(name: str) -> bytes:
+    return files(__name__).joinpath(f"{name}.lua").read_bytes()
+
+
+def _load(name: str, *libraries: str) -> Script:
+    """The script, behind the helper files it uses (Lua scripts cannot call each other)."""
+    source = b"\n".join([*(_read(lib) for lib in libraries), _read(name)])
     return Script(name, source, hashlib.sha1(source).hexdigest().encode())
 
 
-ACQUIRE = _load("acquire")
-RELEASE = _load("release")
+ACQUIRE = _load("acquire", "queue")
+RELEASE = _load("release", "queue")
 EXTEND = _load("extend")
 RAISE_FENCE = _load("raise_fence")
 INSPECT = _load("inspect")

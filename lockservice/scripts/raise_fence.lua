@@ -1,5 +1,6 @@
 --[[ raise_fence: fence:{name} = max(current, token); record it in the lease's lock value.
-  KEYS[1] fence:{name}  KEYS[2] lock:{name}  ARGV[1] token  ARGV[2] lease_id
+  KEYS[1] fence:{name}  KEYS[2] lock:{name}  ARGV[1] token
+  ARGV[2] lease_id ('' raises the counter alone: a node that ran ahead evens the rest)
   Returns the counter after the raise.
   Round 2 of an acquire whose granting nodes returned different counters. ]]
 local token = tonumber(ARGV[1])

@@ -1,47 +1,67 @@
---[[ release: delete lock:{name} if lease_id holds it, leave the wait queue, wake the next.
-  KEYS[1] lock:{name}  KEYS[2] waitq:{name}  KEYS[3] waitx:{name}
-  ARGV[1] lease_id  ARGV[2] release channel  ARGV[3] name
-  ARGV[5] the caller's process id (queue members are "<lease_id>@<process>")
-  ARGV[4] '1' to leave the wait queue too, '0' to keep the waiter's place (undoing
-          a partial grant between two tries)
-  Returns 1 when deleted, 0 when the lock is absent or held by another lease.
-  Publishes "<name>\n<lease_id>\n<next waiter or empty>" when the lock became free:
-  on "<channel>:<process>" of the next waiter's process alone, or, with nobody
-  queued, on "<channel>", which every process hears.
-  Also run to undo a partial grant or to give up waiting. fence:{name} is never
-  touched: the counter must outlive the lock. ]]
-local id = ARGV[1]
+--[[ release: free lock:{name} if lease_id holds it, and hand it to the next waiter.
+  KEYS[1] lock:{name}   KEYS[2] fence:{name}   KEYS[3] fencegate:synced
+  KEYS[4] fencegate:quarantine   KEYS[5] waitq:{name}   KEYS[6] waitx:{name}
+  KEYS[7] waitt:{name}
+  ARGV[1] lease_id   ARGV[2] release channel   ARGV[3] name
+  ARGV[4] '1': release, and leave the wait queue;
+          '0': undo a partial grant of a try that failed (the waiter keeps its place)
+  ARGV[5] the caller's process id   ARGV[6] the node's run_id as the caller read it
+  ARGV[7] the undoing waiter's ticket ('' for a try without waiting)
+  ARGV[8] keepalive (ms)   ARGV[9] the undoing waiter's ttl (ms)
+  Returns, for a release: 1 when deleted, 0 when the lock is absent or held by
+  another lease. For an undo: 0 when lease_id did not hold the lock; a queued
+  waiter keeps a grant that no earlier waiter is queued for (a release handed it
+  over, and the rest of the quorum is on its way) and gets its token back; else
+  the grant is given up and minus its token returned.
+  Hand-over: when the lock becomes free and a live waiter is queued, the earliest
+  gets it here, as acquire.lua would grant it, for the ttl it asked, and
+  "<name>\n<released lease>\n<waiter>\n<token>" is published on
+  "<channel>:<waiter's process>". A node that cannot grant (unsynced, quarantined)
+  publishes "<name>\n<released lease>\n<waiter>" there instead: a wake-up to try.
+  Nobody queued: nothing is published. fence:{name} only ever grows. ]]
+local id, ticket = ARGV[1], ARGV[7]
 local member = id .. '@' .. ARGV[5]
-local deleted = 0
 local current = redis.call('GET', KEYS[1])
+local freed = false
+local result = 0
 if current and string.sub(current, 1, #id + 1) == id .. ':' then
-  redis.call('DEL', KEYS[1])
-  deleted = 1
-end
-local queued = 0
-if ARGV[4] == '1' then
-  queued = redis.call('ZREM', KEYS[2], member)
-  redis.call('ZREM', KEYS[3], member)
-end
--- An undo between two tries (ARGV[4] '0') wakes nobody: the lock was never really held.
-if (deleted == 1 and ARGV[4] == '1') or (queued == 1 and not current) then
-  local head = nil
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
-    if #dead > 0 then
-      redis.call('ZREM', KEYS[3], unpack(dead))
-      redis.call('ZREM', KEYS[2], unpack(dead))
+  local token = tonumber(string.sub(current, #id + 2))
+  result = 1
+  if ARGV[4] == '0' and ticket ~= '' then
+    local now = now_ms()
+    purge(KEYS[5], KEYS[6], KEYS[7], now)
+    local head = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    if not head[1] or tonumber(head[2]) >= tonumber(ticket) then
+      return token
     end
-    head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    -- an earlier waiter is queued here: give it the lock, and queue again behind it
+    enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, ARGV[9], tonumber(ARGV[8]), now)
+    result = -token
+  elseif ARGV[4] == '0' then
+    result = -token
   end
-  local at = head and string.find(head, '@', 1, true)
-  if at then
-    redis.call('PUBLISH', ARGV[2] .. ':' .. string.sub(head, at + 1),
-      ARGV[3] .. '\n' .. id .. '\n' .. string.sub(head, 1, at - 1))
-  else
-    redis.call('PUBLISH', ARGV[2], ARGV[3] .. '\n' .. id .. '\n')
-  end
+  redis.call('DEL', KEYS[1])
+  freed = true
 end
-return deleted
+if ARGV[4] == '1' and dequeue(KEYS[5], KEYS[6], KEYS[7], member) == 1 and not current then
+  freed = true  -- this waiter may have been the head that the others waited for
+end
+if not freed or redis.call('EXISTS', KEYS[6]) == 0 then
+  return result
+end
+purge(KEYS[5], KEYS[6], KEYS[7], now_ms())
+local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+if not head then
+  return result
+end
+local at = string.find(head, '@', 1, true)
+local waiter = string.sub(head, 1, at - 1)
+local message = ARGV[3] .. '\n' .. id .. '\n' .. waiter
+local ttl = redis.call('HGET', KEYS[7], head)
+local base = ttl and grantable(KEYS[3], KEYS[4], ARGV[6])
+if base then
+  dequeue(KEYS[5], KEYS[6], KEYS[7], head)
+  message = message .. '\n' .. string.format('%d', grant(KEYS[1], KEYS[2], base, waiter, ttl))
+end
+redis.call('PUBLISH', ARGV[2] .. ':' .. string.sub(head, at + 1), message)
+return result

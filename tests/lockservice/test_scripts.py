@@ -12,7 +12,8 @@ from lockservice import scripts
 from tests._servers import RedisNode
 
 LOCK, FENCE, SYNCED, QUAR = "lock:{n}", "fence:{n}", "fencegate:synced", "fencegate:quarantine"
-WAITQ, WAITX = "waitq:{n}", "waitx:{n}"
+WAITQ, WAITX, WAITT = "waitq:{n}", "waitx:{n}", "waitt:{n}"
+KEYS = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX, WAITT]
 ID_A, ID_B = "a" * 32, "b" * 32
 BASE = 1_700_000_000_000_000
 RUN_ID = "r" * 40
@@ -36,13 +37,28 @@ PROC = "p1"  # the caller's process id
 def acquire(
     r: redis.Redis, lease_id: str, ttl: int = 10_000, ticket: str = "", proc: str = PROC
 ) -> object:
-    keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
-    return run(r, scripts.ACQUIRE, keys, [lease_id, ttl, ticket, 3_000, RUN_ID, proc])
+    return run(r, scripts.ACQUIRE, KEYS, [lease_id, ttl, ticket, 3_000, RUN_ID, proc])
 
 
 def release(r: redis.Redis, lease_id: str, leave_queue: str = "1", proc: str = PROC) -> object:
-    args = [lease_id, "chan", "n", leave_queue, proc]
-    return run(r, scripts.RELEASE, [LOCK, WAITQ, WAITX], args)
+    return run(
+        r, scripts.RELEASE, KEYS, [lease_id, "chan", "n", leave_queue, proc, RUN_ID, "", 3_000, ""]
+    )
+
+
+def undo(r: redis.Redis, lease_id: str, ticket: str, ttl: int = 10_000) -> object:
+    """Undo a failed try's grant (mode '0'), as a waiter with ``ticket`` does."""
+    return run(
+        r, scripts.RELEASE, KEYS, [lease_id, "chan", "n", "0", PROC, RUN_ID, ticket, 3_000, ttl]
+    )
+
+
+def listen(r: redis.Redis, *channels: str) -> redis.client.PubSub:
+    pubsub = r.pubsub()
+    pubsub.subscribe(*channels)
+    for _ in channels:
+        pubsub.get_message(timeout=1)
+    return pubsub
 
 
 def member(lease_id: str, proc: str = PROC) -> bytes:
@@ -82,17 +98,16 @@ def test_acquire_on_unsynced_or_quarantined_node(r: redis.Redis) -> None:
     assert r.get(FENCE) is None
 
 
-def test_release_only_by_owner_publishes_and_keeps_counter(r: redis.Redis) -> None:
+def test_release_only_by_owner_keeps_counter_and_tells_nobody_when_none_waits(
+    r: redis.Redis,
+) -> None:
     acquire(r, ID_A)
-    pubsub = r.pubsub()
-    pubsub.subscribe("chan")
-    pubsub.get_message(timeout=1)
+    pubsub = listen(r, "chan", f"chan:{PROC}")
     assert release(r, ID_B) == 0
     assert release(r, ID_A[:-1]) == 0  # a prefix is no owner
+    assert r.get(LOCK) is not None
     assert release(r, ID_A) == 1
-    message = pubsub.get_message(timeout=1)
-    assert message is not None
-    assert message["data"] == f"n\n{ID_A}\n".encode()  # name, released lease, next waiter
+    assert pubsub.get_message(timeout=0.1) is None  # nobody queued: no message at all
     assert r.get(LOCK) is None
     assert int(r.get(FENCE)) == BASE + 1
     pubsub.close()
@@ -155,45 +170,81 @@ def test_script_shas_match_their_sources(r: redis.Redis) -> None:
         assert r.script_load(script.source) == script.sha.decode()
 
 
-def test_free_lock_goes_to_the_earliest_queued_waiter(r: redis.Redis) -> None:
+def test_release_hands_the_lock_to_the_earliest_queued_waiter(r: redis.Redis) -> None:
     id_c = "c" * 32
     acquire(r, ID_A)
-    assert acquire(r, ID_B, ticket="1000.5", proc="p2")[0] == 0  # type: ignore[index]
+    assert acquire(r, ID_B, ttl=7_000, ticket="1000.5", proc="p2")[0] == 0  # type: ignore[index]
     assert acquire(r, id_c, ticket="2000")[0] == 0  # type: ignore[index]
-    pubsub = r.pubsub()
-    pubsub.subscribe("chan", "chan:p1", "chan:p2")
-    for _ in range(3):
-        pubsub.get_message(timeout=1)
-    release(r, ID_A)
+    pubsub = listen(r, "chan", "chan:p1", "chan:p2")
+    assert release(r, ID_A) == 1
     message = pubsub.get_message(timeout=1)
     assert message is not None
-    # only the head waiter's process hears it
+    # only the head waiter's process hears it: name, released lease, new holder, its token
     assert message["channel"] == b"chan:p2"
-    assert message["data"] == f"n\n{ID_A}\n{ID_B}".encode()
+    assert message["data"] == f"n\n{ID_A}\n{ID_B}\n{BASE + 2}".encode()
     assert pubsub.get_message(timeout=0.1) is None
-    assert acquire(r, ID_A, ticket="3000") == [0, 0]  # the releaser cannot barge back in
-    assert acquire(r, id_c, ticket="2000") == [0, 0]  # nor can a later waiter
-    assert acquire(r, ID_B, ticket="1000.5", proc="p2")[0] == BASE + 2  # type: ignore[index]
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 2}".encode()
+    assert 6_000 < r.pttl(LOCK) <= 7_000  # the ttl B asked for
+    assert r.zrange(WAITQ, 0, -1) == [member(id_c)]
+    assert r.hkeys(WAITT) == [member(id_c)]
+    assert acquire(r, ID_A, ticket="3000")[0] == 0  # type: ignore[index]  # no barging back
+    assert acquire(r, id_c, ticket="2000")[0] == 0  # type: ignore[index]  # nor jumping ahead
+    # B's own try, on its way while the hand-over happened: the same grant, expiry renewed
+    r.pexpire(LOCK, 1_000)
+    assert acquire(r, ID_B, ttl=7_000, ticket="1000.5", proc="p2") == [BASE + 2, 0]
+    assert r.pttl(LOCK) > 6_000
+    assert int(r.get(FENCE)) == BASE + 2
     assert r.zrange(WAITQ, 0, -1) == [member(id_c), member(ID_A)]
     pubsub.close()
 
 
+def test_a_node_that_cannot_grant_wakes_the_waiter_instead(r: redis.Redis) -> None:
+    acquire(r, ID_A)
+    acquire(r, ID_B, ticket="1")
+    pubsub = listen(r, f"chan:{PROC}")
+    r.set(QUAR, 1, px=60_000)  # quarantined meanwhile: grants nothing
+    assert release(r, ID_A) == 1
+    message = pubsub.get_message(timeout=1)
+    assert message is not None
+    assert message["data"] == f"n\n{ID_A}\n{ID_B}".encode()  # no token: try again
+    assert r.get(LOCK) is None
+    assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
+    assert int(r.get(FENCE)) == BASE + 1
+    pubsub.close()
+
+
 def test_dead_waiters_expire_from_the_queue(r: redis.Redis) -> None:
-    keys = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX]
     acquire(r, ID_A, ttl=100)
-    run(r, scripts.ACQUIRE, keys, [ID_B, 10_000, "1", 50, RUN_ID, PROC])  # keepalive 50 ms
+    run(r, scripts.ACQUIRE, KEYS, [ID_B, 10_000, "1", 50, RUN_ID, PROC])  # keepalive 50 ms
     time.sleep(0.2)  # B never comes back; A's lock expired too
     assert acquire(r, "c" * 32, ticket="5")[0] == BASE + 2  # type: ignore[index]
-    assert r.exists(WAITQ, WAITX) == 0  # empty queues leave no keys behind
+    assert r.exists(WAITQ, WAITX, WAITT) == 0  # empty queues leave no keys behind
 
 
-def test_giving_up_leaves_the_queue_and_wakes_the_next(r: redis.Redis) -> None:
+def test_a_dead_waiter_is_not_handed_the_lock(r: redis.Redis) -> None:
+    acquire(r, ID_A)
+    run(r, scripts.ACQUIRE, KEYS, [ID_B, 10_000, "1", 50, RUN_ID, PROC])  # keepalive 50 ms
+    acquire(r, "c" * 32, ticket="2")
+    time.sleep(0.1)  # B's process died; C keeps trying
+    acquire(r, "c" * 32, ticket="2")
+    assert release(r, ID_A) == 1
+    assert r.get(LOCK) == f"{'c' * 32}:{BASE + 2}".encode()
+    assert r.exists(WAITQ, WAITX, WAITT) == 0
+
+
+def test_giving_up_leaves_the_queue_and_hands_the_lock_to_the_next(r: redis.Redis) -> None:
     acquire(r, ID_A, ttl=100)
     acquire(r, ID_B, ticket="1")
     acquire(r, "c" * 32, ticket="2")
     time.sleep(0.15)  # A expired, B was about to take it but gives up
+    pubsub = listen(r, f"chan:{PROC}")
     assert release(r, ID_B) == 0
-    assert r.zrange(WAITQ, 0, -1) == [member("c" * 32)]
+    assert r.get(LOCK) == f"{'c' * 32}:{BASE + 2}".encode()
+    message = pubsub.get_message(timeout=1)
+    assert message is not None
+    assert message["data"] == f"n\n{ID_B}\n{'c' * 32}\n{BASE + 2}".encode()
+    assert r.exists(WAITQ) == 0
+    pubsub.close()
 
 
 def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
@@ -204,6 +255,31 @@ def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
     assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
     assert release(r, ID_B, leave_queue="1") == 0
     assert r.exists(WAITQ) == 0
+
+
+def test_undo_of_a_try_without_waiting_gives_the_grant_up(r: redis.Redis) -> None:
+    acquire(r, ID_A)
+    acquire(r, ID_B, ticket="1")  # queued meanwhile
+    assert undo(r, ID_A, ticket="") == -(BASE + 1)
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 2}".encode()  # handed to the waiter
+    assert undo(r, ID_A, ticket="") == 0  # holds nothing any more
+
+
+def test_undo_keeps_a_handed_over_grant_unless_an_earlier_waiter_is_queued(
+    r: redis.Redis,
+) -> None:
+    acquire(r, ID_A)
+    acquire(r, ID_B, ticket="2")
+    release(r, ID_A)  # handed to B
+    assert undo(r, ID_B, ticket="2") == BASE + 2  # nobody earlier: B keeps it
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 2}".encode()
+    id_c = "c" * 32
+    acquire(r, id_c, ticket="1")  # an earlier waiter this node had not seen
+    assert undo(r, ID_B, ticket="2", ttl=5_000) == -(BASE + 2)
+    assert r.get(LOCK) == f"{id_c}:{BASE + 3}".encode()
+    assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]  # B queues again with its ticket
+    assert r.zscore(WAITQ, member(ID_B)) == 2
+    assert r.hget(WAITT, member(ID_B)) == b"5000"
 
 
 def test_a_waiter_the_node_had_not_seen_takes_its_place_by_ticket(r: redis.Redis) -> None:

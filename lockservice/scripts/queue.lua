@@ -1,0 +1,73 @@
+--[[ queue: helpers shared by acquire.lua and release.lua, put in front of each when
+  the scripts are loaded (a script cannot call another one).
+  A name's waiters live in three keys: waitq:{name} (score: ticket, the waiter's
+  arrival time, the same on every node), waitx:{name} (score: the time a waiter
+  that does not try again drops out) and waitt:{name} (hash: the ttl in ms the
+  waiter asked for, so that a release can hand the lock to it). A member is
+  "<lease_id>@<process id>". ]]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The token base when the node was synced in this run of the server and is not
+-- quarantined; else nil, and the code an acquire returns (-2 unsynced, -1
+-- quarantined) with the quarantine's remaining ms.
+-- fencegate:synced is "<token base> <run_id>": it counts only for the run of the
+-- server that was synced.
+local function grantable(synced_key, quarantine_key, run_id)
+  local marker = redis.call('GET', synced_key)
+  if not marker then
+    return nil, -2, 0
+  end
+  local sep = string.find(marker, ' ', 1, true)
+  if not sep or string.sub(marker, sep + 1) ~= run_id then
+    return nil, -2, 0
+  end
+  local q = redis.call('PTTL', quarantine_key)
+  if q > 0 then
+    return nil, -1, q
+  end
+  return tonumber(string.sub(marker, 1, sep - 1)), 0, 0
+end
+
+-- Give the lock to lease_id for ttl ms with the next token. A counter that is
+-- missing (first grant of a name, or lost with the node's data) starts above the
+-- base, so tokens stay increasing even when every node lost its data. fence:* keys
+-- are never deleted. '%d', never tostring: Lua 5.1 prints 14 significant digits.
+local function grant(lock_key, fence_key, base, lease_id, ttl)
+  local token = redis.call('INCR', fence_key)
+  if token <= base then
+    token = base + 1
+    redis.call('SET', fence_key, string.format('%d', token))
+  end
+  redis.call('SET', lock_key, lease_id .. ':' .. string.format('%d', token), 'PX', ttl)
+  return token
+end
+
+local function enqueue(q, x, t, member, ticket, ttl, keepalive, now)
+  redis.call('ZADD', q, 'NX', ticket, member)
+  redis.call('ZADD', x, now + keepalive, member)
+  redis.call('HSET', t, member, ttl)
+  -- queues of names nobody asks for again must not stay forever
+  redis.call('PEXPIRE', q, 2 * keepalive)
+  redis.call('PEXPIRE', x, 2 * keepalive)
+  redis.call('PEXPIRE', t, 2 * keepalive)
+end
+
+local function dequeue(q, x, t, member)
+  local n = redis.call('ZREM', q, member)
+  redis.call('ZREM', x, member)
+  redis.call('HDEL', t, member)
+  return n
+end
+
+-- Drop waiters whose keepalive ran out (a crashed process leaves its place behind).
+local function purge(q, x, t, now)
+  local dead = redis.call('ZRANGEBYSCORE', x, '-inf', now, 'LIMIT', 0, 100)
+  if #dead > 0 then
+    redis.call('ZREM', x, unpack(dead))
+    redis.call('ZREM', q, unpack(dead))
+    redis.call('HDEL', t, unpack(dead))
+  end
+end

@@ -1,0 +1,232 @@
+"""Hand-over: a release grants the lock to the next queued waiter in the same script.
+
+The bookkeeping (``Pending``) is tested alone; the rest against real nodes:
+no round trip of the waiter's own, a validity that never outlasts the nodes'
+locks, splits between nodes that resolve by ticket, cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+import redis
+
+from lockservice import LockManager
+from lockservice.backend import drift
+from lockservice.handover import Pending
+from lockservice.redlock import RELEASE_CHANNEL, Redlock
+from lockservice.scripts import RELEASE
+from tests._servers import RedisNode
+from tests.lockservice.test_waiting import evalsha_calls
+
+TTL = 10.0
+CUT = TTL - drift(TTL)
+
+
+# ------------------------------------------------------------ Pending alone
+def test_a_handed_over_grant_counts_from_the_last_refused_try() -> None:
+    p = Pending("n", 3, TTL, start=100.0)
+    p.refused(0, 101.0)
+    p.refused(0, 100.5)  # an older try answering late moves nothing back
+    p.handed(0, 7)
+    p.handed(1, 7)  # node 1 never answered a try: counts from the first try
+    assert p.grants[0].since == 101.0
+    assert p.grants[1].since == 100.0
+    assert p.lease(2, now=101.0) == (7, 100.0 + CUT, True)
+
+
+def test_a_quorum_of_valid_grants_makes_the_lease_and_the_highest_token_wins() -> None:
+    p = Pending("n", 3, TTL, start=0.0)
+    p.handed(0, 5)
+    assert p.lease(2, now=1.0) is None
+    p.granted(2, 9, sent=3.0)
+    token, valid_until, agreed = p.lease(2, now=3.5)  # type: ignore[misc]
+    assert (token, agreed) == (9, False)  # round 2 needed
+    assert valid_until == 0.0 + CUT  # the second-latest end: a quorum holds until then
+    assert p.lease(2, now=CUT + 0.1) is None  # node 0's grant ran out: no quorum left
+
+
+def test_an_undo_sets_grants_aside_until_each_node_answers() -> None:
+    p = Pending("n", 3, TTL, start=0.0)
+    p.handed(0, 5)
+    p.handed(1, 5)
+    p.park()
+    assert p.lease(2, now=1.0) is None  # nothing counts while the undo is out
+    p.undone(0, 5)  # kept
+    p.undone(1, -5)  # given to an earlier waiter
+    assert set(p.grants) == {0}
+    p.handed(1, 5)  # that grant's message, arriving after the undo's answer
+    assert set(p.grants) == {0}
+    p.handed(1, 6)  # a new hand-over after the earlier waiter released
+    assert p.lease(2, now=1.0) == (6, CUT, False)
+
+
+# ------------------------------------------------------------ real nodes
+def client(node: RedisNode) -> redis.Redis:
+    return redis.Redis.from_url(node.url)
+
+
+async def queued(nodes: list[RedisNode], name: str, count: int) -> None:
+    for _ in range(200):
+        if all(client(n).zcard(f"waitq:{{{name}}}") == count for n in nodes):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} waiters never queued on every node")
+
+
+async def test_a_release_hands_the_lock_over_without_a_try_of_the_waiter(
+    redis3: list[RedisNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("lockservice.manager._BACKOFF_QUEUED", 30.0)  # no polling at all
+    urls = [n.url for n in redis3]
+    holder_mgr, waiter_mgr = await LockManager.connect(urls), await LockManager.connect(urls)
+    try:
+        # the first grant of a name may find the nodes' counters apart (a round 2):
+        # the claim is about the steady state
+        await holder_mgr.release(await holder_mgr.acquire("hand/over", ttl=20.0))
+        lease = await holder_mgr.acquire("hand/over", ttl=20.0)
+        await asyncio.sleep(0.05)  # every node has answered
+        waiter = asyncio.create_task(waiter_mgr.acquire("hand/over", ttl=5.0, wait=20.0))
+        await queued(redis3, "hand/over", 1)
+        for node in redis3:
+            node.command("CONFIG", "RESETSTAT")
+        loop = asyncio.get_running_loop()
+        released_at = loop.time()
+        await holder_mgr.release(lease)
+        got = await asyncio.wait_for(waiter, 5.0)
+        latency = loop.time() - released_at
+        assert latency < 0.05, f"granted {latency * 1000:.0f} ms after the release"
+        assert got.token > lease.token
+        # one script a node: the release, which granted; the waiter sent nothing
+        assert [evalsha_calls(n) for n in redis3] == [1, 1, 1]
+        for node in redis3:
+            assert client(node).get("lock:{hand/over}") == f"{got.lease_id}:{got.token}".encode()
+        await waiter_mgr.release(got)
+    finally:
+        await holder_mgr.close()
+        await waiter_mgr.close()
+
+
+def release_on_every_node(
+    nodes: list[RedisNode], backend: Redlock, name: str, lease_id: str
+) -> None:
+    """The holder's release, run synchronously: the event loop sees nothing meanwhile."""
+    keys = [f"{k}:{{{name}}}" for k in ("lock", "fence")]
+    keys += ["fencegate:synced", "fencegate:quarantine"]
+    keys += [f"{k}:{{{name}}}" for k in ("waitq", "waitx", "waitt")]
+    for node, redis_node in zip(nodes, backend.nodes, strict=True):
+        with redis.Redis.from_url(node.url) as r:
+            args = [lease_id, RELEASE_CHANNEL, name, "1", "holder", redis_node.run_id, "", 3000, ""]
+            assert r.eval(RELEASE.source, len(keys), *keys, *args) == 1
+
+
+async def test_a_late_message_never_stretches_the_validity(redis3: list[RedisNode]) -> None:
+    """The waiter's process is busy for 0.5 s after the nodes handed it the lock.
+
+    Counting the grant from the message's arrival would claim 0.5 s the nodes
+    never promised; it must count from the waiter's last refused try.
+    """
+    urls = [n.url for n in redis3]
+    holder_mgr, waiter_mgr = await LockManager.connect(urls), await LockManager.connect(urls)
+    try:
+        lease = await holder_mgr.acquire("hand/late", ttl=20.0)
+        waiter = asyncio.create_task(waiter_mgr.acquire("hand/late", ttl=3.0, wait=20.0))
+        await queued(redis3, "hand/late", 1)
+        backend = waiter_mgr.backend
+        assert isinstance(backend, Redlock)
+        release_on_every_node(redis3, backend, "hand/late", lease.lease_id)
+        time.sleep(0.5)  # noqa: ASYNC251 - block the loop: the hand-overs wait in the sockets
+        got = await asyncio.wait_for(waiter, 5.0)
+        now = asyncio.get_running_loop().time()
+        held_for = sorted(client(n).pttl("lock:{hand/late}") / 1000 for n in redis3)
+        assert got.valid_until - now <= held_for[1], (got.valid_until - now, held_for)
+    finally:
+        await holder_mgr.close()
+        await waiter_mgr.close()
+
+
+async def test_waiters_split_between_nodes_are_all_served_soon(
+    redis3: list[RedisNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each node missed different waiters and hands the lock to a different one.
+
+    Nobody holds a quorum. Their next tries join every queue by ticket, and an
+    undo gives a grant up to an earlier waiter queued there: all three are
+    served within a few poll intervals, never after a TTL, never two at once.
+    (Which one first depends on which tries reach which node first.)
+    """
+    monkeypatch.setattr("lockservice.manager._BACKOFF_QUEUED", 1.0)
+    urls = [n.url for n in redis3]
+    holder_mgr = await LockManager.connect(urls, max_ttl=60.0)
+    managers = [await LockManager.connect(urls, max_ttl=60.0) for _ in range(3)]
+    held: list[tuple[int, float, float, int]] = []  # waiter, start, end, token
+    try:
+        lease = await holder_mgr.acquire("hand/split", ttl=60.0)
+
+        async def waiter(i: int) -> None:
+            got = await managers[i].acquire("hand/split", ttl=60.0, wait=30.0)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await asyncio.sleep(0.05)
+            held.append((i, start, loop.time(), got.token))
+            await managers[i].release(got)
+
+        tasks = []
+        for i in range(3):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await queued(redis3, "hand/split", i + 1)
+            await asyncio.sleep(0.002)  # distinct tickets, in this order
+        members = client(redis3[0]).zrange("waitq:{hand/split}", 0, -1)
+        # node 1 never saw waiter 0; node 2 saw neither waiter 0 nor waiter 1
+        for node, missed in ((redis3[1], members[:1]), (redis3[2], members[:2])):
+            with client(node) as r:
+                r.zrem("waitq:{hand/split}", *missed)
+                r.zrem("waitx:{hand/split}", *missed)
+                r.hdel("waitt:{hand/split}", *missed)
+        loop = asyncio.get_running_loop()
+        released_at = loop.time()
+        await holder_mgr.release(lease)
+        await asyncio.wait_for(asyncio.gather(*tasks), 20.0)
+        assert loop.time() - released_at < 10.0  # a TTL is 60 s
+        assert sorted(h[0] for h in held) == [0, 1, 2]
+        tokens = [h[3] for h in held]
+        assert tokens == sorted(set(tokens))
+        assert tokens[0] > lease.token
+        for a, b in itertools.pairwise(held):
+            assert a[2] <= b[1], "two waiters held the lock at once"
+    finally:
+        for task in tasks:
+            task.cancel()
+        for mgr in (holder_mgr, *managers):
+            await mgr.close()
+
+
+async def test_a_waiter_cancelled_with_part_of_a_hand_over_leaves_nothing_behind(
+    redis3: list[RedisNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("lockservice.manager._BACKOFF_QUEUED", 30.0)
+    urls = [n.url for n in redis3]
+    holder_mgr, waiter_mgr = await LockManager.connect(urls), await LockManager.connect(urls)
+    try:
+        lease = await holder_mgr.acquire("hand/cancel", ttl=20.0)
+        waiter = asyncio.create_task(waiter_mgr.acquire("hand/cancel", ttl=20.0, wait=20.0))
+        await queued(redis3, "hand/cancel", 1)
+        for node in redis3[1:]:  # only node 0 will hand it over
+            client(node).delete("waitq:{hand/cancel}", "waitx:{hand/cancel}", "waitt:{hand/cancel}")
+        await holder_mgr.release(lease)
+        for _ in range(100):
+            if client(redis3[0]).exists("lock:{hand/cancel}"):
+                break
+            await asyncio.sleep(0.01)
+        assert not waiter.done()  # one grant of three is no lease
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        got = await holder_mgr.acquire("hand/cancel", ttl=1.0)  # at once, no wait
+        assert got.token > lease.token
+    finally:
+        await holder_mgr.close()
+        await waiter_mgr.close()
