@@ -32,55 +32,113 @@ class Grant:
 
 
 class Pending:
-    """One queued acquire: what each node granted it, and since when at the latest."""
+    """One queued acquire: what each node granted it, and since when at the latest.
 
-    __slots__ = ("floors", "given_up", "grants", "name", "parked", "ttl")
+    Nothing a node says counts while an undo sent to it is unanswered: the undo
+    may give the grant away, and its answer (on the command connection, after
+    everything sent before it) says what the node did. Hand-over messages come
+    on another connection, in no fixed order with those answers, so a message
+    is checked against what the answers said: a token the node gave up, or one
+    not above its counter when it last said "queued", is an old message.
+    """
+
+    __slots__ = (
+        "floors",
+        "given_up",
+        "grants",
+        "name",
+        "nudge_due",
+        "parked",
+        "queued",
+        "seen",
+        "suspect",
+        "ttl",
+        "undoing",
+    )
 
     def __init__(self, name: str, nodes: int, ttl: float, start: float) -> None:
         self.name = name
         self.ttl = ttl
         self.floors = [start] * nodes  # per node: no grant there is older than this
-        self.grants: dict[int, Grant] = {}
-        self.parked: dict[int, Grant] = {}  # set aside while an undo decides about them
+        self.grants: dict[int, Grant] = {}  # the grants that count
+        self.parked: dict[int, Grant] = {}  # held back until the node's undos answer
+        self.undoing = [0] * nodes  # per node: undos sent and not answered yet
         self.given_up: set[tuple[int, int]] = set()  # (node, token) an undo gave away
+        self.queued = False  # a node queued it: hand-overs may come even after the lease
+        self.seen = [0] * nodes  # per node: its counter when it last said "queued"
+        self.suspect: set[int] = set()  # nodes an undo may have reached unseen
+        self.nudge_due = False  # a try is due if the rest of a hand-over does not come
 
-    def refused(self, node: int, sent: float) -> None:
-        """The node answered "held" or "queued" to a try sent at ``sent``."""
+    def _record(self, node: int, grant: Grant) -> None:
+        if self.undoing[node]:
+            known = self.parked.get(node)
+            if known is None or (grant.token, grant.since) > (known.token, known.since):
+                self.parked[node] = grant
+        else:
+            self.grants[node] = grant
+
+    def refused(self, node: int, sent: float, counter: int) -> None:
+        """The node answered "held" or "queued" to a try sent at ``sent``.
+
+        It holds nothing for this waiter now, and any hand-over it makes later
+        counts above ``counter``: a message with a token up to it is older.
+        """
+        self.queued = True
+        for held in (self.grants, self.parked):
+            known = held.get(node)
+            if known is not None and known.token <= counter:
+                del held[node]  # a newer token is a hand-over after this answer
+        self.suspect.discard(node)
         if sent > self.floors[node]:
             self.floors[node] = sent
+        if counter > self.seen[node]:
+            self.seen[node] = counter
 
     def granted(self, node: int, token: int, sent: float) -> None:
         """The node granted (or confirmed a hand-over) in answer to a try sent at ``sent``."""
-        self.grants[node] = Grant(token, max(sent, self.floors[node]))
+        self.suspect.discard(node)
+        self._record(node, Grant(token, max(sent, self.floors[node])))
 
     def handed(self, node: int, token: int) -> None:
         """A release on the node handed the lock over with ``token``."""
-        if (node, token) in self.given_up:
-            return  # the message came after the undo that gave this grant away
+        self.queued = True
+        if (node, token) in self.given_up or token <= self.seen[node] or node in self.suspect:
+            return  # older than an answer that said it is given away, or may be
         since = self.floors[node]
-        known = self.grants.get(node)
+        known = self.grants.get(node) or self.parked.get(node)
         if known is not None and known.token == token:
             since = max(since, known.since)
-        self.grants[node] = Grant(token, since)
+        self._record(node, Grant(token, since))
 
     def park(self) -> None:
         """An undo is on its way to every node: no grant counts until it answers."""
-        self.parked.update(self.grants)
+        for node, grant in self.grants.items():
+            self.parked[node] = grant
         self.grants.clear()
+        self.undoing = [n + 1 for n in self.undoing]
 
-    def undone(self, node: int, reply: int) -> None:
-        """The undo's answer: a kept grant's token, minus a given-up one's, or 0."""
+    def undone(self, node: int, reply: int | None) -> None:
+        """An undo's answer: the token of a grant it kept, minus that of one it gave
+        up, 0 when the lease held nothing there, or None when the answer was lost
+        (the undo may still run: nothing the node says counts until one of our tries
+        gets an answer from it)."""
+        self.undoing[node] -= 1
         parked = self.parked.pop(node, None)
+        if reply is None:
+            self.suspect.add(node)
+            return
         if reply > 0:
             since = self.floors[node]
             if parked is not None and parked.token == reply:
                 since = max(since, parked.since)
-            self.grants[node] = Grant(reply, since)
+            parked = Grant(reply, since)
         elif reply < 0:
             self.given_up.add((node, -reply))
-            known = self.grants.get(node)
-            if known is not None and known.token == -reply:
-                del self.grants[node]
+            if parked is not None and parked.token <= -reply:
+                parked = None  # a later hand-over would count above the given-up token
+        # reply 0: the lease held nothing when the undo ran, so a parked grant came after
+        if parked is not None:
+            self._record(node, parked)
 
     def lease(self, quorum: int, now: float) -> tuple[int, float, bool] | None:
         """``(token, valid_until, all tokens agree)`` once ``quorum`` grants are valid."""

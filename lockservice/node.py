@@ -142,10 +142,11 @@ class Node:
                 await self._task
         for conn in (self._conn, self._sub):
             if conn is not None:
+                conn.flush()  # releases queued in this loop turn still go out
                 conn.abort()
 
     # commands
-    def command(self, *args: bytes | str | int) -> asyncio.Future[Reply]:
+    def command(self, *args: bytes | str | int, later: bool = False) -> asyncio.Future[Reply]:
         conn = self._conn
         if conn is None or conn.closed:
             fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -154,13 +155,21 @@ class Node:
             if self._poked is not None and not self._poked.done():
                 self._poked.set_result(None)  # reconnect now rather than at the next tick
             return fut
-        return conn.send(*args)
+        return conn.send(*args, later=later)
 
     def call(
-        self, script: scripts.Script, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]
+        self,
+        script: scripts.Script,
+        keys: Sequence[bytes | str],
+        args: Sequence[bytes | str | int],
+        *,
+        later: bool = False,
     ) -> asyncio.Future[Reply]:
-        """EVALSHA ``script``; on NOSCRIPT, EVAL its source (which caches it again)."""
-        first = self.command(b"EVALSHA", script.sha, len(keys), *keys, *args)
+        """EVALSHA ``script``; on NOSCRIPT, EVAL its source (which caches it again).
+
+        ``later``: see ``Connection.send``.
+        """
+        first = self.command(b"EVALSHA", script.sha, len(keys), *keys, *args, later=later)
         out: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
         def done(fut: asyncio.Future[Reply]) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 import secrets
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 from lockservice import scripts
@@ -64,6 +64,9 @@ def _keys(name: str) -> tuple[str, ...]:
 
 
 _KEEPALIVE_MS = 3000  # a queued waiter retries at least every ~1.5 s
+# A hand-over from some nodes but not a quorum within this long: try the others (a
+# node the previous holder did not hold has nothing to hand over, though it is free).
+_HANDOVER_GRACE = 0.01
 _RECENT = 4096  # granted leases remembered, for grants handed over after the decision
 
 
@@ -102,7 +105,7 @@ class Redlock:
             for i, a in enumerate(addresses)
         ]
         self._pending: dict[str, Pending] = {}  # queued acquires, by lease_id
-        self._recent: dict[str, int] = {}  # token of recently granted leases
+        self._recent: OrderedDict[str, int] = OrderedDict()  # tokens of recent leases
         self.quorum = len(self.nodes) // 2 + 1
         self._last_errors: dict[str, str] = {}
         self._states: dict[str, str] = {}
@@ -268,6 +271,7 @@ class Redlock:
             pending = self._pending[lease_id] = Pending(name, len(self.nodes), ttl, start)
         else:  # a try without waiting: this try's grants alone
             pending = Pending(name, len(self.nodes), ttl, start)
+        pending.nudge_due = False  # this try asks every node anyway
         args = (lease_id, max(1, int(ttl * 1000)), ticket, _KEEPALIVE_MS)
         futures = self._call_all(
             scripts.ACQUIRE, _keys(name), args, run_id=True, tail=(self._process,)
@@ -283,7 +287,7 @@ class Redlock:
                 pending.granted(i, code, start)
             elif code == 0:
                 busy.append(int(reply[1]))
-                pending.refused(i, start)
+                pending.refused(i, start, _counter(reply))
             elif code == -2:
                 self.resyncer.schedule(self.nodes[i])
         ready = pending.lease(self.quorum, loop.time())
@@ -297,8 +301,11 @@ class Redlock:
                     futures[i].add_done_callback(
                         functools.partial(self._late_reply, name, lease_id, i, start)
                     )
+        usable = sum(_answered(r) and int(r[0]) >= 0 for r in replies)
         if granted or (not ticket and any(r is _UNSET for r in replies)):
-            self._undo(name, lease_id, ticket, pending)
+            # A queued waiter keeps grants it is owed while others hold the rest; one
+            # that too few nodes answer gives them up, or it would block the lock.
+            self._undo(name, lease_id, ticket, pending, give_up=usable < self.quorum)
         if granted >= self.quorum:
             return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
         if busy and granted + len(busy) >= self.quorum:
@@ -318,15 +325,15 @@ class Redlock:
         """A quorum of valid grants: round 2 if their tokens differ, then the lease."""
         token, valid_until, agreed = ready
         if not agreed and not await self._raise_fence(name, lease_id, token):
-            self._undo(name, lease_id, ticket, pending)
+            self._undo(name, lease_id, ticket, pending, give_up=True)
             return None
         if valid_until <= asyncio.get_running_loop().time():
             self._undo(name, lease_id, ticket, pending)
             return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
         self._pending.pop(lease_id, None)
-        if ticket:  # hand-overs may still come in from the other nodes
+        if pending.queued:  # hand-overs may still come in from the other nodes
             if len(self._recent) >= _RECENT:
-                del self._recent[next(iter(self._recent))]
+                self._recent.popitem(last=False)
             self._recent[lease_id] = token
         return Attempt(token, valid_until, 0.0)
 
@@ -343,6 +350,9 @@ class Redlock:
             loop = asyncio.get_running_loop()
             if pending.lease(self.quorum, loop.time()) is not None:
                 self.waiters.wake(name, head=lease_id)
+            elif not pending.nudge_due:
+                pending.nudge_due = True
+                loop.call_later(_HANDOVER_GRACE, self._nudge, name, lease_id)
             return
         self._granted_late(index, name, lease_id, int(token))
 
@@ -368,6 +378,12 @@ class Redlock:
             for i, node in enumerate(self.nodes):
                 if i != index:
                     node.call(scripts.RAISE_FENCE, keys, (late, ""))  # counter only
+
+    def _nudge(self, name: str, lease_id: str) -> None:
+        pending = self._pending.get(lease_id)
+        if pending is not None and pending.nudge_due:
+            pending.nudge_due = False
+            self.waiters.wake(name, head=lease_id)
 
     def _reconcile_late(
         self,
@@ -405,17 +421,23 @@ class Redlock:
 
     def abandon(self, name: str, lease_id: str) -> None:
         self._pending.pop(lease_id, None)
-        self._send_release(name, lease_id, "1")
+        self._send_release(name, lease_id, "1", later=False)  # cleanup: out at once
 
-    def _undo(self, name: str, lease_id: str, ticket: str, pending: Pending) -> None:
-        """Give back the grants of a failed try; a queued waiter keeps those it is owed.
+    def _undo(
+        self, name: str, lease_id: str, ticket: str, pending: Pending, *, give_up: bool = False
+    ) -> None:
+        """Give back the grants of a failed try; a queued waiter keeps those it is owed
+        unless ``give_up``.
 
         Sent on each node's connection after the acquire, so it runs after it.
-        Until a node answers, its grant does not count.
+        Until a node answers, its grant does not count. A queued waiter's undo is
+        never replayed after a reconnect: it would run after the waiter's later
+        tries and could take a grant away unseen.
         """
         pending.park()
         ttl = max(1, int(pending.ttl * 1000))
-        futures = self._send_release(name, lease_id, "0", ticket, ttl, replay=not ticket)
+        sent = "" if give_up else ticket
+        futures = self._send_release(name, lease_id, "0", sent, ttl, replay=not ticket)
         if ticket:
             for i, fut in enumerate(futures):
                 fut.add_done_callback(functools.partial(self._undone, lease_id, i))
@@ -434,7 +456,7 @@ class Redlock:
                 self._granted_late(index, name, lease_id, code)
             return
         if code == 0:
-            pending.refused(index, sent)
+            pending.refused(index, sent, _counter(reply))
         elif code > 0:
             pending.granted(index, code, sent)
             if pending.lease(self.quorum, asyncio.get_running_loop().time()):
@@ -443,10 +465,11 @@ class Redlock:
     def _undone(self, lease_id: str, index: int, fut: asyncio.Future[Reply]) -> None:
         reply = fut.result()
         pending = self._pending.get(lease_id)
-        if pending is None or not isinstance(reply, int):
+        if pending is None:
             return
-        pending.undone(index, reply)
-        if reply > 0 and pending.lease(self.quorum, asyncio.get_running_loop().time()):
+        kept = reply if isinstance(reply, int) else None
+        pending.undone(index, kept)
+        if kept and kept > 0 and pending.lease(self.quorum, asyncio.get_running_loop().time()):
             self.waiters.wake(pending.name, head=lease_id)
 
     def _send_release(
@@ -458,6 +481,7 @@ class Redlock:
         ttl: int = 0,
         *,
         replay: bool = True,
+        later: bool = True,
     ) -> list[asyncio.Future[Reply]]:
         """Send release.lua everywhere; a node that cannot take it now gets it on reconnect.
 
@@ -469,7 +493,7 @@ class Redlock:
         futures = []
         for node in self.nodes:
             args = (*head, node.run_id or "", *tail)
-            fut = node.call(scripts.RELEASE, keys, args)
+            fut = node.call(scripts.RELEASE, keys, args, later=later)
             if replay:
                 fut.add_done_callback(functools.partial(_retry_later, node, keys, args))
             futures.append(fut)
@@ -489,7 +513,7 @@ class Redlock:
         raise QuorumUnavailable(name, self._errors(replies, _positive), self.quorum)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
-        futures = self._send_release(name, lease_id, "1")
+        futures = self._send_release(name, lease_id, "1", later=not confirm)
         if not confirm:
             return True
         replies = await self._round(futures, self._decider(_one))
@@ -552,7 +576,13 @@ def _pong(reply: Reply) -> bool:
 
 
 def _answered(reply: Reply) -> bool:
-    return isinstance(reply, list) and len(reply) == 2
+    return isinstance(reply, list) and len(reply) >= 2
+
+
+def _counter(reply: list[int]) -> int:
+    """The node's counter in a "held"/"queued" answer of acquire.lua (an answer
+    without one, from an older script, vouches for no hand-over)."""
+    return int(reply[2]) if len(reply) > 2 else 1 << 62
 
 
 def _granted(reply: Reply) -> bool:

@@ -80,28 +80,37 @@ class Connection(asyncio.Protocol):
             self.lost.set_result(None)
 
     # API
-    def send(self, *args: bytes | str | int) -> asyncio.Future[Reply]:
-        """Queue one command; the future resolves to its reply (never raises)."""
+    def send(self, *args: bytes | str | int, later: bool = False) -> asyncio.Future[Reply]:
+        """Queue one command; the future resolves to its reply (never raises).
+
+        ``later``: nobody waits for the reply now (a release whose answer is
+        known), so it may ride along with the next command instead of taking a
+        write of its own.
+        """
         fut: asyncio.Future[Reply] = self._loop.create_future()
         if self.closed:
             fut.set_result(ConnectionError("connection closed"))
             return fut
         self._pending.append((fut, self._loop.time()))
-        self._write(_pack(args))
+        self._write(_pack(args), later)
         return fut
 
-    def _write(self, packed: bytes) -> None:
-        # The first command of a loop turn goes out at once (latency); the rest of
-        # that turn is batched into one write at its end (throughput).
+    def _write(self, packed: bytes, later: bool = False) -> None:
+        # The first awaited command of a loop turn goes out at once (latency), with
+        # whatever was held back for later; the rest of that turn is batched into
+        # one write at its end (throughput).
+        if later or self._burst or self._transport is None:
+            if not self._out:
+                self._loop.call_soon(self.flush)
+            self._out.append(packed)
+            return
         if self._out:
             self._out.append(packed)
-        elif self._burst:
-            self._out.append(packed)
-            self._loop.call_soon(self._flush)
-        elif self._transport is not None:
-            self._transport.write(packed)
-            self._burst = True
-            self._loop.call_soon(self._end_burst)
+            packed = b"".join(self._out)
+            self._out.clear()
+        self._transport.write(packed)
+        self._burst = True
+        self._loop.call_soon(self._end_burst)
 
     def _end_burst(self) -> None:
         self._burst = False
@@ -111,7 +120,8 @@ class Connection(asyncio.Protocol):
         if not self.closed:
             self._write(_pack(args))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what this loop turn queued (at its end, or before a close)."""
         if self._out and self._transport is not None and not self.closed:
             self._transport.write(b"".join(self._out))
         self._out.clear()

@@ -12,8 +12,10 @@
   Returns {token, 0} when granted (token > 0) — also when a release already handed
                      the lock to this waiter: then that grant's token, its expiry
                      pushed back to ttl from now,
-          {0, pttl}  when another lease holds it or an earlier waiter is queued
-                     (pttl: the holder's remaining ms, 0 when only queued behind),
+          {0, pttl, counter}  when another lease holds it or an earlier waiter is
+                     queued (pttl: the holder's remaining ms, 0 when only queued
+                     behind; counter: fence:{name} now, so that the waiter can tell a
+                     hand-over message from before this answer, which no longer holds),
           {-1, pttl} when this node is quarantined after a restart,
           {-2, 0}    when this node has not been synced in this run (restarted, data
                      lost or reloaded from an old snapshot, or new).
@@ -35,7 +37,7 @@ if current then
   if ticket ~= '' then
     enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, ttl, tonumber(ARGV[4]), now_ms())
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 if redis.call('EXISTS', KEYS[6]) == 1 then
   local now = now_ms()
@@ -48,7 +50,7 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
   end
   local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
   if head and head ~= member then
-    return {0, 0}
+    return {0, 0, tonumber(redis.call('GET', KEYS[2]) or '0')}
   end
   dequeue(KEYS[5], KEYS[6], KEYS[7], member)
 end

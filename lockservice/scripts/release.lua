@@ -28,15 +28,16 @@ if current and string.sub(current, 1, #id + 1) == id .. ':' then
   local token = tonumber(string.sub(current, #id + 2))
   result = 1
   if ARGV[4] == '0' and ticket ~= '' then
+    -- queue again with the same ticket, and see who comes first, in the queue's own
+    -- order (ticket, then member), so ties break alike on every node
     local now = now_ms()
     purge(KEYS[5], KEYS[6], KEYS[7], now)
-    local head = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-    if not head[1] or tonumber(head[2]) >= tonumber(ticket) then
+    enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, ARGV[9], tonumber(ARGV[8]), now)
+    if redis.call('ZRANGE', KEYS[5], 0, 0)[1] == member then
+      dequeue(KEYS[5], KEYS[6], KEYS[7], member)
       return token
     end
-    -- an earlier waiter is queued here: give it the lock, and queue again behind it
-    enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, ARGV[9], tonumber(ARGV[8]), now)
-    result = -token
+    result = -token  -- an earlier waiter is queued here: it gets the lock
   elseif ARGV[4] == '0' then
     result = -token
   end
@@ -55,6 +56,9 @@ if not head then
   return result
 end
 local at = string.find(head, '@', 1, true)
+if not at then
+  return result  -- not a member this version queued
+end
 local waiter = string.sub(head, 1, at - 1)
 local message = ARGV[3] .. '\n' .. id .. '\n' .. waiter
 local ttl = redis.call('HGET', KEYS[7], head)

@@ -29,8 +29,8 @@ CUT = TTL - drift(TTL)
 # ------------------------------------------------------------ Pending alone
 def test_a_handed_over_grant_counts_from_the_last_refused_try() -> None:
     p = Pending("n", 3, TTL, start=100.0)
-    p.refused(0, 101.0)
-    p.refused(0, 100.5)  # an older try answering late moves nothing back
+    p.refused(0, 101.0, counter=6)
+    p.refused(0, 100.5, counter=5)  # an older try answering late moves nothing back
     p.handed(0, 7)
     p.handed(1, 7)  # node 1 never answered a try: counts from the first try
     assert p.grants[0].since == 101.0
@@ -62,6 +62,48 @@ def test_an_undo_sets_grants_aside_until_each_node_answers() -> None:
     assert set(p.grants) == {0}
     p.handed(1, 6)  # a new hand-over after the earlier waiter released
     assert p.lease(2, now=1.0) == (6, CUT, False)
+
+
+def test_a_message_older_than_a_queued_answer_is_ignored() -> None:
+    """A hand-over whose token a node's later "queued" answer already counted is gone:
+    the grant ran out or was given away before that answer."""
+    p = Pending("n", 3, TTL, start=0.0)
+    p.handed(0, 7)
+    p.refused(0, 2.0, counter=7)  # node 0 no longer holds it for us
+    assert 0 not in p.grants
+    p.handed(0, 7)  # the same message, delivered again late
+    assert 0 not in p.grants
+    p.handed(1, 8)
+    p.refused(1, 2.0, counter=7)  # a hand-over after that answer (8 > 7) stands
+    assert p.grants[1].token == 8
+
+
+def test_a_lost_undo_answer_makes_the_node_suspect_until_a_try_answers() -> None:
+    p = Pending("n", 3, TTL, start=0.0)
+    p.handed(0, 7)
+    p.park()
+    p.undone(0, None)  # the undo may still run on the node, unseen
+    p.handed(0, 7)
+    p.handed(0, 9)
+    assert 0 not in p.grants
+    p.granted(0, 9, sent=1.0)  # our own try's answer: trusted again
+    assert p.grants[0].token == 9
+
+
+def test_nothing_a_node_says_counts_while_an_undo_to_it_is_unanswered() -> None:
+    """A try's late grant, answered just before the undo that gives it away, must not
+    make a lease in between: two leases would hold the lock at once."""
+    p = Pending("n", 3, TTL, start=0.0)
+    p.handed(0, 7)
+    p.park()  # the failed try's undo is on its way to every node
+    p.granted(1, 7, sent=0.5)  # the try's answer from node 1, late
+    assert p.lease(2, now=1.0) is None
+    p.undone(1, -7)  # ... and the undo gave that grant to an earlier waiter
+    p.undone(0, 7)  # node 0 kept its hand-over
+    assert set(p.grants) == {0}
+    p.undone(2, 0)
+    p.handed(2, 9)  # a hand-over after the undo found nothing there
+    assert p.lease(2, now=1.0) == (9, CUT, False)
 
 
 # ------------------------------------------------------------ real nodes

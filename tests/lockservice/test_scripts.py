@@ -73,9 +73,10 @@ def test_acquire_grants_and_issues_token_above_base(r: redis.Redis) -> None:
 
 def test_acquire_refuses_other_lease_with_its_pttl(r: redis.Redis) -> None:
     acquire(r, ID_A, 5_000)
-    token, pttl = acquire(r, ID_B)  # type: ignore[misc]
+    token, pttl, counter = acquire(r, ID_B)  # type: ignore[misc]
     assert token == 0
     assert 4_000 < pttl <= 5_000
+    assert counter == BASE + 1  # a hand-over after this answer counts above it
     assert int(r.get(FENCE)) == BASE + 1  # a refusal issues nothing
 
 
@@ -128,8 +129,19 @@ def test_raise_fence_is_a_max_and_records_the_token(r: redis.Redis) -> None:
     target = BASE + 7
     assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [target, ID_A]) == target
     assert r.get(LOCK) == f"{ID_A}:{target}".encode()
-    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 2, ID_B]) == target  # never lowers
+    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 2, ""]) == 0  # A holds it
+    assert int(r.get(FENCE)) == target  # never lowers
     assert r.get(LOCK) == f"{ID_A}:{target}".encode()
+
+
+def test_raise_fence_does_not_count_a_node_another_lease_holds(r: redis.Redis) -> None:
+    """That lease's grant is older than the raise: its quorum may not be above it."""
+    acquire(r, ID_A)
+    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 9, ID_B]) == 0
+    assert int(r.get(FENCE)) == BASE + 9  # raised all the same
+    assert r.get(LOCK) == f"{ID_A}:{BASE + 1}".encode()
+    release(r, ID_A)
+    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 10, ID_B]) == BASE + 10  # free
 
 
 def test_inspect_never_reveals_the_lease_id(r: redis.Redis) -> None:
