@@ -140,6 +140,11 @@ class Pending:
         if parked is not None:
             self._record(node, parked)
 
+    def valid(self, now: float) -> frozenset[int]:
+        """The nodes whose grant still counts at ``now``."""
+        cut = self.ttl - drift(self.ttl)
+        return frozenset(n for n, g in self.grants.items() if g.since + cut > now)
+
     def lease(self, quorum: int, now: float) -> tuple[int, float, bool] | None:
         """``(token, valid_until, all tokens agree)`` once ``quorum`` grants are valid."""
         cut = self.ttl - drift(self.ttl)

@@ -66,7 +66,8 @@ def _keys(name: str) -> tuple[str, ...]:
 _KEEPALIVE_MS = 3000  # a queued waiter retries at least every ~1.5 s
 # A hand-over from some nodes but not a quorum within this long: try the others (a
 # node the previous holder did not hold has nothing to hand over, though it is free).
-_HANDOVER_GRACE = 0.01
+_HANDOVER_GRACE = 0.01  # at least; a tenth of the node timeout when that is longer
+_AGAIN = 0.001  # "try again at once" (the grants ran out on the way)
 _RECENT = 4096  # granted leases remembered, for grants handed over after the decision
 
 
@@ -276,7 +277,7 @@ class Redlock:
         futures = self._call_all(
             scripts.ACQUIRE, _keys(name), args, run_id=True, tail=(self._process,)
         )
-        before = frozenset(pending.grants) if pending.grants else frozenset()
+        before = pending.valid(start) if pending.grants else frozenset()
         replies = await self._round(futures, self._acquire_decider(before))
         busy = []
         for i, reply in enumerate(replies):
@@ -307,7 +308,7 @@ class Redlock:
             # that too few nodes answer gives them up, or it would block the lock.
             self._undo(name, lease_id, ticket, pending, give_up=usable < self.quorum)
         if granted >= self.quorum:
-            return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
+            return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
         if busy and granted + len(busy) >= self.quorum:
             # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
             return Attempt(0, 0.0, max(busy) / 1000)
@@ -329,7 +330,7 @@ class Redlock:
             return None
         if valid_until <= asyncio.get_running_loop().time():
             self._undo(name, lease_id, ticket, pending)
-            return Attempt(0, 0.0, 0.0)  # took longer than the ttl: try again
+            return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
         self._pending.pop(lease_id, None)
         if pending.queued:  # hand-overs may still come in from the other nodes
             if len(self._recent) >= _RECENT:
@@ -352,7 +353,8 @@ class Redlock:
                 self.waiters.wake(name, head=lease_id)
             elif not pending.nudge_due:
                 pending.nudge_due = True
-                loop.call_later(_HANDOVER_GRACE, self._nudge, name, lease_id)
+                grace = max(_HANDOVER_GRACE, self._timeout / 10)
+                loop.call_later(grace, self._nudge, name, lease_id)
             return
         self._granted_late(index, name, lease_id, int(token))
 
@@ -469,7 +471,7 @@ class Redlock:
             return
         kept = reply if isinstance(reply, int) else None
         pending.undone(index, kept)
-        if kept and kept > 0 and pending.lease(self.quorum, asyncio.get_running_loop().time()):
+        if pending.lease(self.quorum, asyncio.get_running_loop().time()) is not None:
             self.waiters.wake(pending.name, head=lease_id)
 
     def _send_release(
