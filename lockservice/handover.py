@@ -106,20 +106,26 @@ class Pending:
             return  # older than an answer that said it is given away, or may be
         since = self.floors[node]
         known = self.grants.get(node) or self.parked.get(node)
-        if known is not None and known.token == token:
-            since = max(since, known.since)
+        if known is not None:
+            if known.token > token:
+                return  # a try of ours has since confirmed it anew, with a new token
+            if known.token == token:
+                since = max(since, known.since)
         self._record(node, Grant(token, since))
 
-    def park(self) -> None:
-        """An undo is on its way to every node: no grant counts until it answers."""
+    def park(self) -> dict[int, int]:
+        """Undos are on their way to the nodes that granted: none of those grants
+        counts until its node answers. Returns the grants to undo, node → token."""
+        named = {node: grant.token for node, grant in self.grants.items()}
         for node, grant in self.grants.items():
             self.parked[node] = grant
+            self.undoing[node] += 1
         self.grants.clear()
-        self.undoing = [n + 1 for n in self.undoing]
+        return named
 
-    def undone(self, node: int, reply: int | None) -> None:
-        """An undo's answer: the token of a grant it kept, minus that of one it gave
-        up, 0 when the lease held nothing there, or None when the answer was lost
+    def undone(self, node: int, named: int, reply: int | None) -> None:
+        """The answer to an undo of grant ``named``: its token when kept, minus it when
+        given up, 0 when the node no longer held it, or None when the answer was lost
         (the undo may still run: nothing the node says counts until one of our tries
         gets an answer from it)."""
         self.undoing[node] -= 1
@@ -132,11 +138,10 @@ class Pending:
             if parked is not None and parked.token == reply:
                 since = max(since, parked.since)
             parked = Grant(reply, since)
-        elif reply < 0:
-            self.given_up.add((node, -reply))
-            if parked is not None and parked.token <= -reply:
-                parked = None  # a later hand-over would count above the given-up token
-        # reply 0: the lease held nothing when the undo ran, so a parked grant came after
+        else:
+            self.given_up.add((node, named))
+            if parked is not None and parked.token <= named:
+                parked = None  # gone; a later grant would count above it
         if parked is not None:
             self._record(node, parked)
 

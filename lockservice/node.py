@@ -140,10 +140,10 @@ class Node:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for conn in (self._conn, self._sub):
-            if conn is not None:
-                conn.flush()  # releases queued in this loop turn still go out
-                conn.abort()
+        if self._conn is not None:
+            self._conn.close()  # releases queued just before still go out
+        if self._sub is not None:
+            self._sub.abort()
 
     # commands
     def command(self, *args: bytes | str | int, later: bool = False) -> asyncio.Future[Reply]:

@@ -432,17 +432,22 @@ class Redlock:
         unless ``give_up``.
 
         Sent on each node's connection after the acquire, so it runs after it.
-        Until a node answers, its grant does not count. A queued waiter's undo is
-        never replayed after a reconnect: it would run after the waiter's later
-        tries and could take a grant away unseen.
+        A try without waiting undoes any grant of its lease on every node (a node
+        that has not answered may still grant). A queued waiter undoes only the
+        grants it knows, each named by its token, so that an undo stuck in a
+        dropped connection and delivered late cannot take a grant issued after it
+        (a try confirming a hand-over issues it anew); until a node answers, its
+        grant does not count. Nor is it replayed after a reconnect.
         """
-        pending.park()
+        named = pending.park()
         ttl = max(1, int(pending.ttl * 1000))
+        if not ticket:
+            self._send_release(name, lease_id, "0", "", ttl)
+            return
         sent = "" if give_up else ticket
-        futures = self._send_release(name, lease_id, "0", sent, ttl, replay=not ticket)
-        if ticket:
-            for i, fut in enumerate(futures):
-                fut.add_done_callback(functools.partial(self._undone, lease_id, i))
+        futures = self._send_release(name, lease_id, "0", sent, ttl, replay=False, named=named)
+        for i, fut in futures.items():
+            fut.add_done_callback(functools.partial(self._undone, lease_id, i, named[i]))
 
     def _late_reply(
         self, name: str, lease_id: str, index: int, sent: float, fut: asyncio.Future[Reply]
@@ -464,13 +469,12 @@ class Redlock:
             if pending.lease(self.quorum, asyncio.get_running_loop().time()):
                 self.waiters.wake(pending.name, head=lease_id)
 
-    def _undone(self, lease_id: str, index: int, fut: asyncio.Future[Reply]) -> None:
+    def _undone(self, lease_id: str, index: int, token: int, fut: asyncio.Future[Reply]) -> None:
         reply = fut.result()
         pending = self._pending.get(lease_id)
         if pending is None:
             return
-        kept = reply if isinstance(reply, int) else None
-        pending.undone(index, kept)
+        pending.undone(index, token, reply if isinstance(reply, int) else None)
         if pending.lease(self.quorum, asyncio.get_running_loop().time()) is not None:
             self.waiters.wake(pending.name, head=lease_id)
 
@@ -484,21 +488,24 @@ class Redlock:
         *,
         replay: bool = True,
         later: bool = True,
-    ) -> list[asyncio.Future[Reply]]:
-        """Send release.lua everywhere; a node that cannot take it now gets it on reconnect.
-
-        A queued waiter's undo is not replayed: the waiter itself settles what it holds.
-        """
+        named: dict[int, int] | None = None,
+    ) -> dict[int, asyncio.Future[Reply]]:
+        """Send release.lua to every node (``named``: to those nodes only, undoing the
+        grant with that token); with ``replay``, a node that cannot take it now gets
+        it on reconnect. Returns the futures by node index."""
         keys = _keys(name)
         head = (lease_id, RELEASE_CHANNEL, name, mode, self._process)
         tail = (ticket, str(_KEEPALIVE_MS), str(ttl))
-        futures = []
-        for node in self.nodes:
-            args = (*head, node.run_id or "", *tail)
+        futures = {}
+        for i, node in enumerate(self.nodes):
+            if named is not None and i not in named:
+                continue
+            grant = str(named[i]) if named is not None else ""
+            args = (*head, node.run_id or "", *tail, grant)
             fut = node.call(scripts.RELEASE, keys, args, later=later)
             if replay:
                 fut.add_done_callback(functools.partial(_retry_later, node, keys, args))
-            futures.append(fut)
+            futures[i] = fut
         return futures
 
     async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
@@ -518,7 +525,7 @@ class Redlock:
         futures = self._send_release(name, lease_id, "1", later=not confirm)
         if not confirm:
             return True
-        replies = await self._round(futures, self._decider(_one))
+        replies = await self._round(list(futures.values()), self._decider(_one))
         not_owner = sum(r == 0 for r in replies)
         if not_owner > len(self.nodes) - self.quorum:
             return False

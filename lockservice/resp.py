@@ -130,6 +130,14 @@ class Connection(asyncio.Protocol):
         """Loop time at which the oldest unanswered command was sent."""
         return self._pending[0][1] if self._pending else None
 
+    def close(self) -> None:
+        """Close after writing everything queued (a release sent just before)."""
+        self.flush()
+        if self._transport is not None:
+            self._transport.close()
+        else:
+            self.connection_lost(None)
+
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()

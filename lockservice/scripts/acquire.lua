@@ -10,8 +10,9 @@
   ARGV[6] the caller's process id: a release hands the lock to the next waiter
           and tells that waiter's process alone
   Returns {token, 0} when granted (token > 0) — also when a release already handed
-                     the lock to this waiter: then that grant's token, its expiry
-                     pushed back to ttl from now,
+                     the lock to this waiter: then the grant is issued anew (a new
+                     token, ttl from now), so that an undo naming the old grant, sent
+                     before this try and delivered late, finds nothing to undo,
           {0, pttl, counter}  when another lease holds it or an earlier waiter is
                      queued (pttl: the holder's remaining ms, 0 when only queued
                      behind; counter: fence:{name} now, so that the waiter can tell a
@@ -31,8 +32,7 @@ local member = id .. '@' .. ARGV[6]
 local current = redis.call('GET', KEYS[1])
 if current then
   if string.sub(current, 1, #id + 1) == id .. ':' then
-    redis.call('PEXPIRE', KEYS[1], ttl)  -- handed over while this try was on its way
-    return {tonumber(string.sub(current, #id + 2)), 0}
+    return {grant(KEYS[1], KEYS[2], base, id, ttl), 0}  -- handed over meanwhile
   end
   if ticket ~= '' then
     enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, ttl, tonumber(ARGV[4]), now_ms())

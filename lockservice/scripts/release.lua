@@ -8,6 +8,10 @@
   ARGV[5] the caller's process id   ARGV[6] the node's run_id as the caller read it
   ARGV[7] the undoing waiter's ticket ('' for a try without waiting)
   ARGV[8] keepalive (ms)   ARGV[9] the undoing waiter's ttl (ms)
+  ARGV[10] for an undo: the token of the grant to undo ('' for any grant of
+          lease_id: a try without waiting). A queued waiter names the grant, so an
+          undo that reaches the node late (stuck in a dropped connection) cannot
+          take a grant issued after it.
   Returns, for a release: 1 when deleted, 0 when the lock is absent or held by
   another lease. For an undo: 0 when lease_id did not hold the lock; a queued
   waiter keeps a grant that no earlier waiter is queued for (a release handed it
@@ -24,7 +28,13 @@ local member = id .. '@' .. ARGV[5]
 local current = redis.call('GET', KEYS[1])
 local freed = false
 local result = 0
-if current and string.sub(current, 1, #id + 1) == id .. ':' then
+local owned
+if ARGV[4] == '0' and ARGV[10] ~= '' then
+  owned = current == id .. ':' .. ARGV[10]
+else
+  owned = current and string.sub(current, 1, #id + 1) == id .. ':'
+end
+if owned then
   local token = tonumber(string.sub(current, #id + 2))
   result = 1
   if ARGV[4] == '0' and ticket ~= '' then

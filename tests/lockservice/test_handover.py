@@ -53,10 +53,10 @@ def test_an_undo_sets_grants_aside_until_each_node_answers() -> None:
     p = Pending("n", 3, TTL, start=0.0)
     p.handed(0, 5)
     p.handed(1, 5)
-    p.park()
+    assert p.park() == {0: 5, 1: 5}
     assert p.lease(2, now=1.0) is None  # nothing counts while the undo is out
-    p.undone(0, 5)  # kept
-    p.undone(1, -5)  # given to an earlier waiter
+    p.undone(0, 5, 5)  # kept
+    p.undone(1, 5, -5)  # given to an earlier waiter
     assert set(p.grants) == {0}
     p.handed(1, 5)  # that grant's message, arriving after the undo's answer
     assert set(p.grants) == {0}
@@ -82,7 +82,7 @@ def test_a_lost_undo_answer_makes_the_node_suspect_until_a_try_answers() -> None
     p = Pending("n", 3, TTL, start=0.0)
     p.handed(0, 7)
     p.park()
-    p.undone(0, None)  # the undo may still run on the node, unseen
+    p.undone(0, 7, None)  # the undo may still run on the node, unseen
     p.handed(0, 7)
     p.handed(0, 9)
     assert 0 not in p.grants
@@ -95,14 +95,14 @@ def test_nothing_a_node_says_counts_while_an_undo_to_it_is_unanswered() -> None:
     make a lease in between: two leases would hold the lock at once."""
     p = Pending("n", 3, TTL, start=0.0)
     p.handed(0, 7)
-    p.park()  # the failed try's undo is on its way to every node
+    p.handed(1, 7)
+    assert p.park() == {0: 7, 1: 7}  # the failed try's undos are on their way
     p.granted(1, 7, sent=0.5)  # the try's answer from node 1, late
     assert p.lease(2, now=1.0) is None
-    p.undone(1, -7)  # ... and the undo gave that grant to an earlier waiter
-    p.undone(0, 7)  # node 0 kept its hand-over
+    p.undone(1, 7, -7)  # ... and the undo gave that grant to an earlier waiter
+    p.undone(0, 7, 7)  # node 0 kept its hand-over
     assert set(p.grants) == {0}
-    p.undone(2, 0)
-    p.handed(2, 9)  # a hand-over after the undo found nothing there
+    p.handed(2, 9)  # a hand-over from a node no undo went to
     assert p.lease(2, now=1.0) == (9, CUT, False)
 
 
@@ -161,7 +161,8 @@ def release_on_every_node(
     keys += [f"{k}:{{{name}}}" for k in ("waitq", "waitx", "waitt")]
     for node, redis_node in zip(nodes, backend.nodes, strict=True):
         with redis.Redis.from_url(node.url) as r:
-            args = [lease_id, RELEASE_CHANNEL, name, "1", "holder", redis_node.run_id, "", 3000, ""]
+            args = [lease_id, RELEASE_CHANNEL, name, "1", "holder", redis_node.run_id]
+            args += ["", 3000, "", ""]
             assert r.eval(RELEASE.source, len(keys), *keys, *args) == 1
 
 

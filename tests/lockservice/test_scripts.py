@@ -41,16 +41,15 @@ def acquire(
 
 
 def release(r: redis.Redis, lease_id: str, leave_queue: str = "1", proc: str = PROC) -> object:
-    return run(
-        r, scripts.RELEASE, KEYS, [lease_id, "chan", "n", leave_queue, proc, RUN_ID, "", 3_000, ""]
-    )
+    args = [lease_id, "chan", "n", leave_queue, proc, RUN_ID, "", 3_000, "", ""]
+    return run(r, scripts.RELEASE, KEYS, args)
 
 
-def undo(r: redis.Redis, lease_id: str, ticket: str, ttl: int = 10_000) -> object:
-    """Undo a failed try's grant (mode '0'), as a waiter with ``ticket`` does."""
-    return run(
-        r, scripts.RELEASE, KEYS, [lease_id, "chan", "n", "0", PROC, RUN_ID, ticket, 3_000, ttl]
-    )
+def undo(r: redis.Redis, lease_id: str, ticket: str, ttl: int = 10_000, token: str = "") -> object:
+    """Undo a failed try's grant (mode '0'), as a waiter with ``ticket`` does; a
+    queued waiter names the grant's ``token``."""
+    args = [lease_id, "chan", "n", "0", PROC, RUN_ID, ticket, 3_000, ttl, token]
+    return run(r, scripts.RELEASE, KEYS, args)
 
 
 def listen(r: redis.Redis, *channels: str) -> redis.client.PubSub:
@@ -201,11 +200,14 @@ def test_release_hands_the_lock_to_the_earliest_queued_waiter(r: redis.Redis) ->
     assert r.hkeys(WAITT) == [member(id_c)]
     assert acquire(r, ID_A, ticket="3000")[0] == 0  # type: ignore[index]  # no barging back
     assert acquire(r, id_c, ticket="2000")[0] == 0  # type: ignore[index]  # nor jumping ahead
-    # B's own try, on its way while the hand-over happened: the same grant, expiry renewed
+    # B's own try, on its way while the hand-over happened: the grant issued anew
     r.pexpire(LOCK, 1_000)
-    assert acquire(r, ID_B, ttl=7_000, ticket="1000.5", proc="p2") == [BASE + 2, 0]
+    assert acquire(r, ID_B, ttl=7_000, ticket="1000.5", proc="p2") == [BASE + 3, 0]
     assert r.pttl(LOCK) > 6_000
-    assert int(r.get(FENCE)) == BASE + 2
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 3}".encode()
+    # so an undo of the handed-over grant, delivered late, finds nothing to take
+    assert undo(r, ID_B, ticket="1000.5", token=str(BASE + 2)) == 0
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 3}".encode()
     assert r.zrange(WAITQ, 0, -1) == [member(id_c), member(ID_A)]
     pubsub.close()
 
@@ -283,11 +285,11 @@ def test_undo_keeps_a_handed_over_grant_unless_an_earlier_waiter_is_queued(
     acquire(r, ID_A)
     acquire(r, ID_B, ticket="2")
     release(r, ID_A)  # handed to B
-    assert undo(r, ID_B, ticket="2") == BASE + 2  # nobody earlier: B keeps it
+    assert undo(r, ID_B, ticket="2", token=str(BASE + 2)) == BASE + 2  # nobody earlier: kept
     assert r.get(LOCK) == f"{ID_B}:{BASE + 2}".encode()
     id_c = "c" * 32
     acquire(r, id_c, ticket="1")  # an earlier waiter this node had not seen
-    assert undo(r, ID_B, ticket="2", ttl=5_000) == -(BASE + 2)
+    assert undo(r, ID_B, ticket="2", ttl=5_000, token=str(BASE + 2)) == -(BASE + 2)
     assert r.get(LOCK) == f"{id_c}:{BASE + 3}".encode()
     assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]  # B queues again with its ticket
     assert r.zscore(WAITQ, member(ID_B)) == 2

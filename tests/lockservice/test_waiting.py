@@ -145,3 +145,17 @@ async def test_waiter_takes_over_when_the_holder_expires(redis3: list[RedisNode]
         assert lease.token > holder.token
     finally:
         await mgr.close()
+
+
+async def test_a_release_right_before_close_still_goes_out(redis3: list[RedisNode]) -> None:
+    """A release nobody awaits rides with the next write; close() must still send it."""
+    urls = [n.url for n in redis3]
+    first, second = await LockManager.connect(urls), await LockManager.connect(urls)
+    try:
+        lease = await first.acquire("wait/close", ttl=30.0)
+        await first.release(lease)  # not awaited on the nodes: a valid lease of ours
+        await first.close()
+        got = await second.acquire("wait/close", ttl=1.0)  # no wait: free at once
+        assert got.token > lease.token
+    finally:
+        await second.close()
