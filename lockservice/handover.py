@@ -95,8 +95,12 @@ class Pending:
             self.seen[node] = counter
 
     def granted(self, node: int, token: int, sent: float) -> None:
-        """The node granted (or confirmed a hand-over) in answer to a try sent at ``sent``."""
+        """The node granted (or confirmed a hand-over) in answer to a try sent at ``sent``.
+
+        A confirmation issues the grant anew: any message with a lower token is older.
+        """
         self.suspect.discard(node)
+        self.seen[node] = max(self.seen[node], token - 1)
         self._record(node, Grant(token, max(sent, self.floors[node])))
 
     def handed(self, node: int, token: int) -> None:
@@ -133,6 +137,9 @@ class Pending:
         if reply is None:
             self.suspect.add(node)
             return
+        # the node held ``named`` or a later grant when the undo ran: a message with a
+        # lower token (or that one, unless kept) is older and no longer holds
+        self.seen[node] = max(self.seen[node], named - 1 if reply > 0 else named)
         if reply > 0:
             since = self.floors[node]
             if parked is not None and parked.token == reply:
@@ -144,6 +151,11 @@ class Pending:
                 parked = None  # gone; a later grant would count above it
         if parked is not None:
             self._record(node, parked)
+
+    def retoken(self, token: int) -> None:
+        """Round 2 wrote ``token`` into this lease's lock value on the nodes it holds."""
+        for node, grant in self.grants.items():
+            self.grants[node] = Grant(token, grant.since)
 
     def valid(self, now: float) -> frozenset[int]:
         """The nodes whose grant still counts at ``now``."""

@@ -248,6 +248,11 @@ class Node:
             self._cleanups.pop(next(iter(self._cleanups)))
         self._cleanups[(tuple(keys), tuple(args))] = asyncio.get_running_loop().time()
 
+    def forget_cleanups(self, lease_id: str) -> None:
+        """Drop the releases remembered for ``lease_id`` (it is about to try again)."""
+        for key in [k for k in self._cleanups if k[1] and k[1][0] == lease_id]:
+            del self._cleanups[key]
+
     def _replay_cleanups(self) -> None:
         if not self._cleanups or not self.connected:
             return

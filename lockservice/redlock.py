@@ -255,6 +255,9 @@ class Redlock:
         if attempt is None and self.resyncer.pending():
             # Nodes that restarted or are new may be in the middle of a resync: wait once.
             await self.resyncer.settle(max(self._timeout * 10, 2.0))
+            for node in self.nodes:  # a late replay of the first try's undo would
+                node.forget_cleanups(lease_id)  # remove a grant of the second
+
             attempt = await self._attempt(name, lease_id, ttl, ticket)
         if attempt is None:
             raise QuorumUnavailable(name, self._last_errors, self.quorum)
@@ -325,9 +328,11 @@ class Redlock:
     ) -> Attempt | None:
         """A quorum of valid grants: round 2 if their tokens differ, then the lease."""
         token, valid_until, agreed = ready
-        if not agreed and not await self._raise_fence(name, lease_id, token):
-            self._undo(name, lease_id, ticket, pending, give_up=True)
-            return None
+        if not agreed:
+            if not await self._raise_fence(name, lease_id, token):
+                self._undo(name, lease_id, ticket, pending, give_up=True)
+                return None
+            pending.retoken(token)  # so that an undo below names what the nodes hold
         if valid_until <= asyncio.get_running_loop().time():
             self._undo(name, lease_id, ticket, pending)
             return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again

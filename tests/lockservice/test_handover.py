@@ -78,6 +78,17 @@ def test_a_message_older_than_a_queued_answer_is_ignored() -> None:
     assert p.grants[1].token == 8
 
 
+def test_a_hand_over_message_older_than_our_confirmation_is_ignored() -> None:
+    """Node 0 handed us token 7; our try confirmed it anew as 8; an undo gave 8 to an
+    earlier waiter; then the hand-over's own message (7) arrives: it holds nothing."""
+    p = Pending("n", 3, TTL, start=0.0)
+    p.granted(0, 8, sent=1.0)
+    assert p.park() == {0: 8}
+    p.undone(0, 8, -8)
+    p.handed(0, 7)
+    assert 0 not in p.grants
+
+
 def test_a_lost_undo_answer_makes_the_node_suspect_until_a_try_answers() -> None:
     p = Pending("n", 3, TTL, start=0.0)
     p.handed(0, 7)
