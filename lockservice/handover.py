@@ -16,11 +16,16 @@ of the acquire), so it never ends after the lock on that node does.
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lockservice.backend import drift
 
-__all__ = ["Grant", "Pending"]
+__all__ = ["Grant", "Handovers", "Pending"]
+
+_RECENT = 4096  # granted leases remembered, for grants handed over after the decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,3 +176,92 @@ class Pending:
         ends = sorted((g.since + cut for g in valid), reverse=True)
         tokens = {g.token for g in valid}
         return max(tokens), ends[quorum - 1], len(tokens) == 1
+
+
+class Handovers:
+    """This process's queued acquires, and what nodes say of them between tries.
+
+    ``Redlock`` owns one and feeds it hand-over messages, late answers of tries
+    and undo answers; ``wake(name, lease_id)`` tells a waiter to look again,
+    ``settle_late(node, name, lease_id, lease_token, late_token)`` deals with a
+    node that granted a lease after it was decided.
+    """
+
+    def __init__(
+        self,
+        quorum: int,
+        grace: float,
+        wake: Callable[[str, str], None],
+        settle_late: Callable[[int, str, str, int, int], None],
+    ) -> None:
+        self.quorum = quorum
+        self._grace = grace
+        self._wake = wake
+        self._settle_late = settle_late
+        self._pending: dict[str, Pending] = {}
+        self._recent: OrderedDict[str, int] = OrderedDict()  # tokens of recent leases
+
+    def get(self, lease_id: str) -> Pending | None:
+        return self._pending.get(lease_id)
+
+    def open(self, lease_id: str, pending: Pending) -> Pending:
+        self._pending[lease_id] = pending
+        return pending
+
+    def close(self, lease_id: str, token: int = 0) -> None:
+        """The acquire is over: granted with ``token``, or given up (0)."""
+        pending = self._pending.pop(lease_id, None)
+        if token and pending is not None and pending.queued:
+            # a node that queued it may still hand it over: remember the real token
+            if len(self._recent) >= _RECENT:
+                self._recent.popitem(last=False)
+            self._recent[lease_id] = token
+
+    def _wake_if_ready(self, pending: Pending, lease_id: str) -> bool:
+        if pending.lease(self.quorum, asyncio.get_running_loop().time()) is None:
+            return False
+        self._wake(pending.name, lease_id)
+        return True
+
+    def handed(self, index: int, name: str, lease_id: str, token: int) -> None:
+        """Node ``index`` handed ``name`` to ``lease_id`` with ``token``."""
+        pending = self._pending.get(lease_id)
+        if pending is None:
+            self._granted_late(index, name, lease_id, token)
+            return
+        pending.handed(index, token)
+        if not self._wake_if_ready(pending, lease_id) and not pending.nudge_due:
+            pending.nudge_due = True
+            asyncio.get_running_loop().call_later(self._grace, self._nudge, lease_id)
+
+    def _nudge(self, lease_id: str) -> None:
+        pending = self._pending.get(lease_id)
+        if pending is not None and pending.nudge_due:
+            pending.nudge_due = False
+            self._wake(pending.name, lease_id)
+
+    def answered_late(
+        self, index: int, name: str, lease_id: str, sent: float, code: int, counter: int
+    ) -> None:
+        """A try sent at ``sent`` answered ``code`` after it was decided."""
+        pending = self._pending.get(lease_id)
+        if pending is None:
+            if code > 0:
+                self._granted_late(index, name, lease_id, code)
+        elif code == 0:
+            pending.refused(index, sent, counter)
+        elif code > 0:
+            pending.granted(index, code, sent)
+            self._wake_if_ready(pending, lease_id)
+
+    def undone(self, index: int, lease_id: str, named: int, reply: int | None) -> None:
+        pending = self._pending.get(lease_id)
+        if pending is not None:
+            pending.undone(index, named, reply)
+            self._wake_if_ready(pending, lease_id)
+
+    def _granted_late(self, index: int, name: str, lease_id: str, token: int) -> None:
+        # an acquire that gave up sent a release after its tries, which frees the grant
+        granted = self._recent.get(lease_id)
+        if granted is not None:
+            self._settle_late(index, name, lease_id, granted, token)

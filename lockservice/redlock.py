@@ -20,14 +20,14 @@ import asyncio
 import functools
 import logging
 import secrets
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from lockservice import scripts
 from lockservice.backend import Attempt, drift
 from lockservice.errors import LeaseLost, QuorumUnavailable
 from lockservice.events import LockEvents
-from lockservice.handover import Pending
+from lockservice.handover import Handovers, Pending
 from lockservice.lease import LockInfo
 from lockservice.node import Node, parse_node_url
 from lockservice.resp import Reply, is_failure
@@ -68,7 +68,6 @@ _KEEPALIVE_MS = 3000  # a queued waiter retries at least every ~1.5 s
 # node the previous holder did not hold has nothing to hand over, though it is free).
 _HANDOVER_GRACE = 0.01  # at least; a tenth of the node timeout when that is longer
 _AGAIN = 0.001  # "try again at once" (the grants ran out on the way)
-_RECENT = 4096  # granted leases remembered, for grants handed over after the decision
 
 
 def _describe(reply: Reply) -> str:
@@ -105,9 +104,13 @@ class Redlock:
             )
             for i, a in enumerate(addresses)
         ]
-        self._pending: dict[str, Pending] = {}  # queued acquires, by lease_id
-        self._recent: OrderedDict[str, int] = OrderedDict()  # tokens of recent leases
         self.quorum = len(self.nodes) // 2 + 1
+        self._handovers = Handovers(
+            self.quorum,
+            max(_HANDOVER_GRACE, node_timeout / 10),
+            wake=lambda name, lease_id: self.waiters.wake(name, head=lease_id),
+            settle_late=self._settle_late,
+        )
         self._last_errors: dict[str, str] = {}
         self._states: dict[str, str] = {}
         self.resyncer = Resyncer(
@@ -266,13 +269,13 @@ class Redlock:
     async def _attempt(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt | None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        pending = self._pending.get(lease_id) if ticket else None
+        pending = self._handovers.get(lease_id) if ticket else None
         if pending is not None:
             ready = pending.lease(self.quorum, start)
             if ready is not None:  # releases handed it over: no round trip
                 return await self._grant(name, lease_id, ticket, pending, ready)
         elif ticket:
-            pending = self._pending[lease_id] = Pending(name, len(self.nodes), ttl, start)
+            pending = self._handovers.open(lease_id, Pending(name, len(self.nodes), ttl, start))
         else:  # a try without waiting: this try's grants alone
             pending = Pending(name, len(self.nodes), ttl, start)
         pending.nudge_due = False  # this try asks every node anyway
@@ -336,11 +339,7 @@ class Redlock:
         if valid_until <= asyncio.get_running_loop().time():
             self._undo(name, lease_id, ticket, pending)
             return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
-        self._pending.pop(lease_id, None)
-        if pending.queued:  # hand-overs may still come in from the other nodes
-            if len(self._recent) >= _RECENT:
-                self._recent.popitem(last=False)
-            self._recent[lease_id] = token
+        self._handovers.close(lease_id, token)
         return Attempt(token, valid_until, 0.0)
 
     def _on_message(self, index: int, payload: bytes) -> None:
@@ -350,25 +349,7 @@ class Redlock:
             self.waiters.wake_from_message(payload)  # a wake-up: try again
             return
         name, _, lease_id, token = parts
-        pending = self._pending.get(lease_id)
-        if pending is not None:
-            pending.handed(index, int(token))
-            loop = asyncio.get_running_loop()
-            if pending.lease(self.quorum, loop.time()) is not None:
-                self.waiters.wake(name, head=lease_id)
-            elif not pending.nudge_due:
-                pending.nudge_due = True
-                grace = max(_HANDOVER_GRACE, self._timeout / 10)
-                loop.call_later(grace, self._nudge, name, lease_id)
-            return
-        self._granted_late(index, name, lease_id, int(token))
-
-    def _granted_late(self, index: int, name: str, lease_id: str, token: int) -> None:
-        """A node granted after the acquire was decided (an acquire that gave up sent
-        a release after its tries, which frees the grant)."""
-        granted = self._recent.get(lease_id)
-        if granted is not None:
-            self._settle_late(index, name, lease_id, granted, token)
+        self._handovers.handed(index, name, lease_id, int(token))
 
     def _settle_late(self, index: int, name: str, lease_id: str, granted: int, late: int) -> None:
         """Node ``index`` granted lease ``granted`` late, counting ``late``.
@@ -385,12 +366,6 @@ class Redlock:
             for i, node in enumerate(self.nodes):
                 if i != index:
                     node.call(scripts.RAISE_FENCE, keys, (late, ""))  # counter only
-
-    def _nudge(self, name: str, lease_id: str) -> None:
-        pending = self._pending.get(lease_id)
-        if pending is not None and pending.nudge_due:
-            pending.nudge_due = False
-            self.waiters.wake(name, head=lease_id)
 
     def _reconcile_late(
         self,
@@ -427,7 +402,7 @@ class Redlock:
         return sum(good(r) for r in replies) >= self.quorum
 
     def abandon(self, name: str, lease_id: str) -> None:
-        self._pending.pop(lease_id, None)
+        self._handovers.close(lease_id)
         self._send_release(name, lease_id, "1", later=False)  # cleanup: out at once
 
     def _undo(
@@ -459,29 +434,13 @@ class Redlock:
     ) -> None:
         """A queued waiter's try answered after the try was decided."""
         reply = fut.result()
-        if not _answered(reply):
-            return
-        code = int(reply[0])
-        pending = self._pending.get(lease_id)
-        if pending is None:
-            if code > 0:
-                self._granted_late(index, name, lease_id, code)
-            return
-        if code == 0:
-            pending.refused(index, sent, _counter(reply))
-        elif code > 0:
-            pending.granted(index, code, sent)
-            if pending.lease(self.quorum, asyncio.get_running_loop().time()):
-                self.waiters.wake(pending.name, head=lease_id)
+        if _answered(reply):
+            code = int(reply[0])
+            self._handovers.answered_late(index, name, lease_id, sent, code, _counter(reply))
 
     def _undone(self, lease_id: str, index: int, token: int, fut: asyncio.Future[Reply]) -> None:
         reply = fut.result()
-        pending = self._pending.get(lease_id)
-        if pending is None:
-            return
-        pending.undone(index, token, reply if isinstance(reply, int) else None)
-        if pending.lease(self.quorum, asyncio.get_running_loop().time()) is not None:
-            self.waiters.wake(pending.name, head=lease_id)
+        self._handovers.undone(index, lease_id, token, reply if isinstance(reply, int) else None)
 
     def _send_release(
         self,

@@ -37,7 +37,7 @@ if current then
   if ticket ~= '' then
     enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, ttl, tonumber(ARGV[4]), now_ms())
   end
-  return {0, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {0, redis.call('PTTL', KEYS[1]), counter(KEYS[2])}
 end
 if redis.call('EXISTS', KEYS[6]) == 1 then
   local now = now_ms()
@@ -50,7 +50,7 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
   end
   local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
   if head and head ~= member then
-    return {0, 0, tonumber(redis.call('GET', KEYS[2]) or '0')}
+    return {0, 0, counter(KEYS[2])}
   end
   dequeue(KEYS[5], KEYS[6], KEYS[7], member)
 end

@@ -45,6 +45,11 @@ local function grant(lock_key, fence_key, base, lease_id, ttl)
   return token
 end
 
+-- fence:{name} now (0 when no grant was ever made on this node).
+local function counter(fence_key)
+  return tonumber(redis.call('GET', fence_key) or '0')
+end
+
 local function enqueue(q, x, t, member, ticket, ttl, keepalive, now)
   redis.call('ZADD', q, 'NX', ticket, member)
   redis.call('ZADD', x, now + keepalive, member)

@@ -304,3 +304,16 @@ def test_a_waiter_the_node_had_not_seen_takes_its_place_by_ticket(r: redis.Redis
     id_c = "c" * 32
     assert acquire(r, id_c, ticket="1000")[0] == BASE + 2  # type: ignore[index]
     assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
+
+
+def test_undo_breaks_a_ticket_tie_like_the_queue(r: redis.Redis) -> None:
+    """Two waiters with the same ticket: the queue orders them by member, on every
+    node alike, and the undo follows that order (else each would keep its node)."""
+    id_c = "c" * 32
+    acquire(r, id_c)
+    acquire(r, ID_B, ticket="5")
+    release(r, id_c)  # handed to B
+    acquire(r, ID_A, ticket="5")  # same ticket, a member that sorts first
+    assert undo(r, ID_B, ticket="5", token=str(BASE + 2)) == -(BASE + 2)
+    assert r.get(LOCK) == f"{ID_A}:{BASE + 3}".encode()
+    assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]  # B queued again, behind A
