@@ -6,14 +6,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from lockservice.lease import LockInfo
+from lockservice.protocol import drift
 from lockservice.waiters import Waiters
 
 __all__ = ["Attempt", "Backend", "drift"]
-
-
-def drift(ttl: float) -> float:
-    """Clock drift allowance subtracted from every validity window."""
-    return ttl * 0.01 + 0.002
 
 
 @dataclass(frozen=True, slots=True)

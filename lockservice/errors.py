@@ -40,12 +40,13 @@ class QuorumUnavailable(LockServiceError):
 
     code = "quorum_unavailable"
 
-    def __init__(self, name: str, node_errors: Mapping[str, str], needed: int) -> None:
-        summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items()) or "no node"
+    def __init__(self, name: str, node_errors: Mapping[str, str], needed: int, nodes: int) -> None:
+        summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items())
         super().__init__(
-            f"no quorum for {name!r}: {needed} of {len(node_errors) or needed} nodes "
-            f"needed, failures: {summary}"
+            f"no quorum for {name!r}: {needed} of {nodes} nodes needed, "
+            f"{nodes - len(node_errors)} answered; {summary}"
         )
         self.name = name
         self.node_errors = dict(node_errors)
         self.needed = needed
+        self.nodes = nodes

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from lockservice.backend import drift
+from lockservice.cleanup import Cleanups
+from lockservice.protocol import drift
+from lockservice.replies import Granted, Held, parse_acquire, parse_count
+from lockservice.resp import Reply
+from lockservice.waiters import Waiters
 
 __all__ = ["Grant", "Handovers", "Pending"]
 
@@ -182,22 +185,16 @@ class Handovers:
     """This process's queued acquires, and what nodes say of them between tries.
 
     ``Redlock`` owns one and feeds it hand-over messages, late answers of tries
-    and undo answers; ``wake(name, lease_id)`` tells a waiter to look again,
-    ``settle_late(node, name, lease_id, lease_token, late_token)`` deals with a
-    node that granted a lease after it was decided.
+    and undo answers. It wakes a waiter (``Waiters``) when it should look again
+    and hands a grant made after its lease was decided to ``Cleanups`` (R16);
+    it calls nothing above it.
     """
 
-    def __init__(
-        self,
-        quorum: int,
-        grace: float,
-        wake: Callable[[str, str], None],
-        settle_late: Callable[[int, str, str, int, int], None],
-    ) -> None:
+    def __init__(self, quorum: int, grace: float, waiters: Waiters, cleanups: Cleanups) -> None:
         self.quorum = quorum
         self._grace = grace
-        self._wake = wake
-        self._settle_late = settle_late
+        self._waiters = waiters
+        self._cleanups = cleanups
         self._pending: dict[str, Pending] = {}
         self._recent: OrderedDict[str, int] = OrderedDict()  # tokens of recent leases
 
@@ -220,8 +217,17 @@ class Handovers:
     def _wake_if_ready(self, pending: Pending, lease_id: str) -> bool:
         if pending.lease(self.quorum, asyncio.get_running_loop().time()) is None:
             return False
-        self._wake(pending.name, lease_id)
+        self._waiters.wake(pending.name, head=lease_id)
         return True
+
+    def message(self, index: int, payload: bytes) -> None:
+        """A message on this process's release channel from node ``index`` (R9)."""
+        parts = payload.decode(errors="replace").split("\n")
+        if len(parts) != 4:
+            self._waiters.wake_from_message(payload)  # a wake-up: try again
+            return
+        name, _, lease_id, token = parts
+        self.handed(index, name, lease_id, int(token))
 
     def handed(self, index: int, name: str, lease_id: str, token: int) -> None:
         """Node ``index`` handed ``name`` to ``lease_id`` with ``token``."""
@@ -238,30 +244,33 @@ class Handovers:
         pending = self._pending.get(lease_id)
         if pending is not None and pending.nudge_due:
             pending.nudge_due = False
-            self._wake(pending.name, lease_id)
+            self._waiters.wake(pending.name, head=lease_id)
 
-    def answered_late(
-        self, index: int, name: str, lease_id: str, sent: float, code: int, counter: int
+    def late_reply(
+        self, index: int, name: str, lease_id: str, sent: float, fut: asyncio.Future[Reply]
     ) -> None:
-        """A try sent at ``sent`` answered ``code`` after it was decided."""
+        """A queued waiter's try sent at ``sent`` answered after it was decided."""
+        reply = parse_acquire(fut.result())
         pending = self._pending.get(lease_id)
         if pending is None:
-            if code > 0:
-                self._granted_late(index, name, lease_id, code)
-        elif code == 0:
-            pending.refused(index, sent, counter)
-        elif code > 0:
-            pending.granted(index, code, sent)
+            if isinstance(reply, Granted):
+                self._granted_late(index, name, lease_id, reply.token)
+        elif isinstance(reply, Held):
+            pending.refused(index, sent, reply.counter)
+        elif isinstance(reply, Granted):
+            pending.granted(index, reply.token, sent)
             self._wake_if_ready(pending, lease_id)
 
-    def undone(self, index: int, lease_id: str, named: int, reply: int | None) -> None:
+    def undo_reply(self, index: int, lease_id: str, named: int, fut: asyncio.Future[Reply]) -> None:
+        """The answer of undo.lua for grant ``named`` on node ``index`` (R14)."""
+        reply = parse_count(fut.result())
         pending = self._pending.get(lease_id)
         if pending is not None:
-            pending.undone(index, named, reply)
+            pending.undone(index, named, reply if isinstance(reply, int) else None)
             self._wake_if_ready(pending, lease_id)
 
     def _granted_late(self, index: int, name: str, lease_id: str, token: int) -> None:
         # an acquire that gave up sent a release after its tries, which frees the grant
         granted = self._recent.get(lease_id)
         if granted is not None:
-            self._settle_late(index, name, lease_id, granted, token)
+            self._cleanups.settle_late(index, name, lease_id, granted, token)

@@ -1,12 +1,15 @@
 """One Redis node: its connections, scripts, restart detection and health.
 
 A node keeps two connections: one for commands (auto-pipelined, see
-``resp.py``) and one subscribed to the release channel. A background task
-reconnects either when it drops, and aborts the command connection when a
-reply is overdue (a paused or wedged server), so that calls fail at once
-instead of piling up behind it. While a node is down, ``call`` answers a
-``ConnectionError`` immediately: a node failure is a value counted against
-quorum, never a wait.
+``resp.py``) and one subscribed to this process's release channel. A
+background task reconnects either when it drops, and aborts the command
+connection when a reply is overdue (a paused or wedged server), so that calls
+fail at once instead of piling up behind it. While a node is down, ``call``
+answers a ``ConnectionError`` immediately: a node failure is a value counted
+against quorum, never a wait.
+
+A node calls nothing above it: what happens to it (a reconnect, a message on
+the release channel) goes into the ``Inbox`` its owner reads.
 """
 
 from __future__ import annotations
@@ -17,27 +20,42 @@ import functools
 import logging
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from lockservice import scripts
 from lockservice.resp import Connection, Reply, ReplyError, is_failure, open_connection
 
-__all__ = ["Node", "NodeAddress", "parse_node_url"]
+__all__ = ["Connected", "Inbox", "Message", "Node", "NodeAddress", "Replay", "parse_node_url"]
 
 log = logging.getLogger(__name__)
 
-_MAX_CLEANUPS = 100_000
-_ALL_SCRIPTS = (
-    scripts.ACQUIRE,
-    scripts.RELEASE,
-    scripts.EXTEND,
-    scripts.RAISE_FENCE,
-    scripts.INSPECT,
-    scripts.RESYNC,
-    scripts.MARK_SYNCED,
-)
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """Node ``index`` (re)connected; ``restarted``: its run_id changed (R17)."""
+
+    index: int
+    restarted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Commands stuck in node ``index``'s old socket have surely run or died by now."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message on this process's release channel, from node ``index``."""
+
+    index: int
+    payload: bytes
+
+
+Inbox = asyncio.Queue[Connected | Replay | Message]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,38 +120,40 @@ class Node:
     def __init__(
         self,
         address: NodeAddress,
+        index: int,
         *,
         timeout: float,
         channels: tuple[str, ...],
-        on_release: Callable[[bytes], None],
-        on_connected: Callable[[Node, bool], Awaitable[None]],
-        cleanup_horizon: float = 300.0,
+        inbox: Inbox,
     ) -> None:
         self.address = address
+        self.index = index
         self.label = address.label
         self.timeout = timeout
         self.run_id: str | None = None
         self._channels = channels
-        self._on_release = on_release
-        self._on_connected = on_connected
+        self._inbox = inbox
         self._conn: Connection | None = None
         self._sub: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._poked: asyncio.Future[None] | None = None
-        self._cleanups: dict[tuple[tuple[str, ...], tuple[str | int, ...]], float] = {}
-        self._cleanup_horizon = cleanup_horizon
         self.refused: str | None = None  # why the node is left out, e.g. its eviction policy
-        self._stall_after = max(1.0, 5 * timeout)
+        self.stall_after = max(1.0, 5 * timeout)
 
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
-    async def start(self) -> None:
-        """Connect once (a node that is down is not an error) and start upkeep."""
-        await self._connect_commands()
+    async def start(self) -> bool:
+        """Connect once (a node that is down is not an error) and start upkeep.
+
+        Returns whether the command connection is up; this first connect is not
+        reported to the inbox, later ones are.
+        """
+        up = await self._connect_commands(report=False)
         await self._connect_subscriber()
         self._task = asyncio.create_task(self._upkeep(), name=f"fencegate-node-{self.label}")
+        return up
 
     async def close(self) -> None:
         if self._task is not None:
@@ -198,7 +218,7 @@ class Node:
             on_push=on_push,
         )
 
-    async def _connect_commands(self) -> bool:
+    async def _connect_commands(self, *, report: bool = True) -> bool:
         conn: Connection | None = None
         try:
             conn = await self._open()
@@ -232,36 +252,17 @@ class Node:
         if restarted:
             log.warning("redis node %s restarted (run_id changed): resyncing it", self.label)
         self.run_id = run_id
-        for script in _ALL_SCRIPTS:
+        for script in scripts.ALL:
             conn.send("SCRIPT", "LOAD", script.source)
         self._conn = conn
-        self._replay_cleanups()
+        if report:
+            self._inbox.put_nowait(Connected(self.index, restarted))
         # Commands stuck in an aborted socket may still run when a paused server
-        # resumes, after this replay: replay once more when they surely have.
-        asyncio.get_running_loop().call_later(self._stall_after, self._replay_cleanups)
-        await self._on_connected(self, restarted)
+        # resumes, after this connect: say when they surely have.
+        asyncio.get_running_loop().call_later(
+            self.stall_after, self._inbox.put_nowait, Replay(self.index)
+        )
         return True
-
-    # releases that could not be sent, replayed on reconnect (they are idempotent)
-    def remember_cleanup(self, keys: Sequence[str], args: Sequence[str | int]) -> None:
-        if len(self._cleanups) >= _MAX_CLEANUPS:
-            self._cleanups.pop(next(iter(self._cleanups)))
-        self._cleanups[(tuple(keys), tuple(args))] = asyncio.get_running_loop().time()
-
-    def forget_cleanups(self, lease_id: str) -> None:
-        """Drop the releases remembered for ``lease_id`` (it is about to try again)."""
-        for key in [k for k in self._cleanups if k[1] and k[1][0] == lease_id]:
-            del self._cleanups[key]
-
-    def _replay_cleanups(self) -> None:
-        if not self._cleanups or not self.connected:
-            return
-        horizon = asyncio.get_running_loop().time() - self._cleanup_horizon
-        for (keys, args), since in list(self._cleanups.items()):
-            if since < horizon:  # every lock it could have left has expired by now
-                del self._cleanups[(keys, args)]
-            else:
-                self.call(scripts.RELEASE, keys, args)
 
     async def _connect_subscriber(self) -> bool:
         try:
@@ -274,7 +275,9 @@ class Node:
 
     def _push(self, reply: Reply) -> None:
         if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
-            self._on_release(reply[2])
+            payload = reply[2]
+            if isinstance(payload, bytes):
+                self._inbox.put_nowait(Message(self.index, payload))
 
     async def _upkeep(self) -> None:
         """Reconnect what dropped, abort a connection whose replies are overdue."""
@@ -287,12 +290,12 @@ class Node:
                 if conn is not None and not conn.closed:
                     waits.append(conn.lost)
             await asyncio.wait(
-                waits, timeout=min(self._stall_after / 4, 0.5), return_when=asyncio.FIRST_COMPLETED
+                waits, timeout=min(self.stall_after / 4, 0.5), return_when=asyncio.FIRST_COMPLETED
             )
             conn = self._conn
             if conn is not None and not conn.closed:
                 oldest = conn.oldest_pending()
-                if oldest is not None and loop.time() - oldest > self._stall_after:
+                if oldest is not None and loop.time() - oldest > self.stall_after:
                     log.warning("node %s: no reply for %.1f s, reconnecting", self.label,
                                 loop.time() - oldest)  # fmt: skip
                     conn.abort()

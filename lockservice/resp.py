@@ -18,14 +18,16 @@ import asyncio
 import collections
 import ssl
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import TypeAlias, cast
 
 import hiredis
 
 __all__ = ["Connection", "Reply", "ReplyError", "is_failure", "open_connection"]
 
 ReplyError = hiredis.ReplyError
-Reply: TypeAlias = Any  # bytes | int | list | None | ReplyError | ConnectionError
+# What a command's future resolves to: a RESP value, an error reply, or a lost
+# connection. ``lockservice.replies`` parses it; nothing past there sees it.
+Reply: TypeAlias = "bytes | int | list[Reply] | ReplyError | ConnectionError | TimeoutError | None"
 
 
 def _pack(args: tuple[bytes | str | int, ...]) -> bytes:
@@ -59,6 +61,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
+            reply = cast(Reply, reply)
             if self._on_push is not None:
                 self._on_push(reply)
                 continue
@@ -177,7 +180,7 @@ async def open_connection(
                 setup.append(conn.send("SELECT", db))
             for reply in await asyncio.gather(*setup):
                 if is_failure(reply):
-                    raise ConnectionError(f"redis refused the connection setup: {reply}")
+                    raise ConnectionError(f"redis refused the connection setup: {reply!r}")
     except BaseException as exc:
         if conn is not None:
             conn.abort()  # never leak the socket of a half-set-up connection

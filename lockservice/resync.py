@@ -20,19 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from lockservice import scripts
+from lockservice.health import Health
 from lockservice.memory import wall_clock_base
 from lockservice.node import Node
+from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY, NodeState
+from lockservice.replies import Failure, parse_count, parse_scan, parse_values
 from lockservice.resp import Reply, is_failure
 
 __all__ = ["QUARANTINE_KEY", "SYNCED_KEY", "Resyncer"]
 
 log = logging.getLogger(__name__)
 
-SYNCED_KEY = "fencegate:synced"
-QUARANTINE_KEY = "fencegate:quarantine"
 _BATCH = 1000
 
 
@@ -46,38 +47,55 @@ class Resyncer:
         *,
         max_ttl: float,
         timeout: float,
-        on_state: Callable[[Node, str], None] | None = None,
+        health: Health,
     ) -> None:
-        self._on_state = on_state
+        self._health = health
         self._nodes = list(nodes)
         self._quorum = quorum
         self._quarantine_ms = int(max_ttl * 1000) + 1
         self._timeout = max(timeout * 10, 1.0)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restarted: set[str] = set()
+        self._checks: set[asyncio.Task[None]] = set()
         # False: trust an unsynced node as it is, as Redlock without resync would.
         # Only tests switch it off, to show what the resync prevents.
         self.enabled = True
         self._closed = False
 
     async def check(self, node: Node, *, restarted: bool) -> None:
-        """Called on every (re)connect of ``node``."""
+        """Called on every (re)connect of ``node``: resync it, or say how it is."""
         if self._closed:
             return
         if restarted:
             self._restarted.add(node.label)
             self.schedule(node)
             return
-        if not _synced(node, await self._ask(node, "GET", SYNCED_KEY)):
+        marker, quarantine = await asyncio.gather(
+            self._ask(node, "GET", SYNCED_KEY), self._ask(node, "PTTL", QUARANTINE_KEY)
+        )
+        if not _synced(node, marker):
             self.schedule(node)
+        elif isinstance(quarantine, int):
+            self._health.set(
+                node.index, NodeState.QUARANTINED if quarantine > 0 else NodeState.HEALTHY
+            )
+
+    def check_soon(self, node: Node, *, restarted: bool) -> None:
+        """``check`` in a task of its own (a reconnect seen by the inbox reader)."""
+        if self._closed:
+            return
+        task = asyncio.create_task(
+            self.check(node, restarted=restarted), name=f"fencegate-check-{node.label}"
+        )
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
 
     def schedule(self, node: Node) -> None:
         if self._closed:
             return
         task = self._tasks.get(node.label)
         if task is None or task.done():
-            if self._on_state is not None:
-                self._on_state(node, "unsynced")
+            self._health.set(node.index, NodeState.UNSYNCED)
             self._tasks[node.label] = asyncio.create_task(
                 self._sync(node), name=f"fencegate-resync-{node.label}"
             )
@@ -93,9 +111,10 @@ class Resyncer:
 
     async def close(self) -> None:
         self._closed = True
-        for task in self._tasks.values():
+        tasks = [*self._tasks.values(), *self._checks]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks.values():
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -177,34 +196,38 @@ class Resyncer:
 
     async def _any_counter(self, nodes: list[Node]) -> bool:
         for source in nodes:
-            reply = await self._ask(source, "SCAN", 0, "MATCH", "fence:*", "COUNT", 10_000)
-            if is_failure(reply):
-                raise ConnectionError(f"scan of {source.label} failed: {reply}")
+            reply = parse_scan(
+                await self._ask(source, "SCAN", 0, "MATCH", "fence:*", "COUNT", 10_000)
+            )
+            if isinstance(reply, Failure):
+                raise ConnectionError(f"scan of {source.label} failed: {reply.reason}")
             if reply[1] or reply[0] != b"0":
                 return True
         return False
 
     async def _copy(self, source: Node, target: Node) -> int:
         """Raise every ``fence:*`` counter of ``target`` to its value on ``source``."""
-        cursor: bytes | int = 0
+        cursor = b"0"
         raised = seen = 0
         while True:
-            reply = await self._ask(source, "SCAN", cursor, "MATCH", "fence:*", "COUNT", _BATCH)
-            if is_failure(reply):
-                raise ConnectionError(f"scan of {source.label} failed: {reply}")
-            cursor, keys = reply
+            scan = parse_scan(
+                await self._ask(source, "SCAN", cursor, "MATCH", "fence:*", "COUNT", _BATCH)
+            )
+            if isinstance(scan, Failure):
+                raise ConnectionError(f"scan of {source.label} failed: {scan.reason}")
+            cursor, keys = scan
             if keys:
-                values = await self._ask(source, "MGET", *keys)
-                if is_failure(values):
-                    raise ConnectionError(f"mget on {source.label} failed: {values}")
+                values = parse_values(await self._ask(source, "MGET", *keys))
+                if isinstance(values, Failure):
+                    raise ConnectionError(f"mget on {source.label} failed: {values.reason}")
                 pairs = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
                 if pairs:
                     ks, vs = zip(*pairs, strict=True)
                     async with asyncio.timeout(self._timeout):
-                        done = await target.call(scripts.RESYNC, ks, vs)
-                    if is_failure(done):
-                        raise ConnectionError(f"resync of {target.label} failed: {done}")
-                    raised += int(done)
+                        done = parse_count(await target.call(scripts.RESYNC, ks, vs))
+                    if isinstance(done, Failure):
+                        raise ConnectionError(f"resync of {target.label} failed: {done.reason}")
+                    raised += done
                 seen += len(keys)
                 if seen % 100_000 < len(keys):
                     log.info("resync %s from %s: %d counters read", target.label,
@@ -220,9 +243,9 @@ class Resyncer:
                 (base, quarantine_ms, node.run_id or ""),
             )
         if is_failure(done):
-            raise ConnectionError(f"marking {node.label} synced failed: {done}")
-        if self._on_state is not None:
-            self._on_state(node, "quarantined" if quarantine_ms and done == 1 else "healthy")
+            raise ConnectionError(f"marking {node.label} synced failed: {done!r}")
+        synced = NodeState.QUARANTINED if quarantine_ms and done == 1 else NodeState.HEALTHY
+        self._health.set(node.index, synced)
 
 
 def _synced(node: Node, marker: Reply) -> bool:

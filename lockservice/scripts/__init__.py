@@ -8,12 +8,14 @@ from importlib.resources import files
 
 __all__ = [
     "ACQUIRE",
+    "ALL",
     "EXTEND",
     "INSPECT",
     "MARK_SYNCED",
     "RAISE_FENCE",
     "RELEASE",
     "RESYNC",
+    "UNDO",
     "Script",
 ]
 
@@ -39,8 +41,11 @@ def _load(name: str, *libraries: str) -> Script:
 
 ACQUIRE = _load("acquire", "queue")
 RELEASE = _load("release", "queue")
+UNDO = _load("undo", "queue")
 EXTEND = _load("extend")
 RAISE_FENCE = _load("raise_fence")
 INSPECT = _load("inspect")
 RESYNC = _load("resync")
 MARK_SYNCED = _load("mark_synced")
+
+ALL = (ACQUIRE, RELEASE, UNDO, EXTEND, RAISE_FENCE, INSPECT, RESYNC, MARK_SYNCED)

@@ -76,3 +76,32 @@ local function purge(q, x, t, now)
     redis.call('HDEL', t, unpack(dead))
   end
 end
+
+-- R9: the lock on this node just became free: grant it to the earliest live waiter,
+-- as acquire.lua would (a new token, the ttl it asked for), and publish
+-- "<name>\n<released lease>\n<waiter>\n<token>" on "<channel>:<waiter's process>".
+-- A node that cannot grant (unsynced, quarantined) publishes the first three lines
+-- alone: a wake-up to try. Nobody queued: nothing is published.
+local function hand_over(keys, channel, name, released, run_id)
+  if redis.call('EXISTS', keys[6]) == 0 then
+    return
+  end
+  purge(keys[5], keys[6], keys[7], now_ms())
+  local head = redis.call('ZRANGE', keys[5], 0, 0)[1]
+  if not head then
+    return
+  end
+  local at = string.find(head, '@', 1, true)
+  if not at then
+    return  -- not a member this version queued
+  end
+  local waiter = string.sub(head, 1, at - 1)
+  local message = name .. '\n' .. released .. '\n' .. waiter
+  local ttl = redis.call('HGET', keys[7], head)
+  local base = ttl and grantable(keys[3], keys[4], run_id)
+  if base then
+    dequeue(keys[5], keys[6], keys[7], head)
+    message = message .. '\n' .. string.format('%d', grant(keys[1], keys[2], base, waiter, ttl))
+  end
+  redis.call('PUBLISH', channel .. ':' .. string.sub(head, at + 1), message)
+end

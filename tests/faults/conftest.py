@@ -14,8 +14,8 @@ from typing import Protocol
 import pytest
 
 from lockservice import LockManager
+from lockservice.protocol import QUARANTINE_KEY
 from lockservice.redlock import Redlock
-from lockservice.resync import QUARANTINE_KEY
 from tests._servers import RedisNode
 
 NODE_TIMEOUT = 0.2

@@ -15,7 +15,7 @@ import contextlib
 import pytest
 
 from lockservice import LockHeld, LockManager, QuorumUnavailable
-from lockservice.resync import QUARANTINE_KEY, SYNCED_KEY
+from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
 from tests._servers import RedisNode
 from tests.faults.conftest import (
     MAX_TTL,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from lockservice import LeaseLost, LockHeld, LockManager, QuorumUnavailable
-from lockservice.resync import QUARANTINE_KEY
+from lockservice.protocol import QUARANTINE_KEY
 from tests._servers import RedisNode
 from tests.faults.conftest import Connect, reply_int, wait_until
 

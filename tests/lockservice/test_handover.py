@@ -15,9 +15,10 @@ import pytest
 import redis
 
 from lockservice import LockManager
-from lockservice.backend import drift
+from lockservice.cleanup import release_args
 from lockservice.handover import Pending
-from lockservice.redlock import RELEASE_CHANNEL, Redlock
+from lockservice.protocol import drift, lock_keys
+from lockservice.redlock import Redlock
 from lockservice.scripts import RELEASE
 from tests._servers import RedisNode
 from tests.lockservice.test_waiting import evalsha_calls
@@ -167,13 +168,10 @@ def release_on_every_node(
     nodes: list[RedisNode], backend: Redlock, name: str, lease_id: str
 ) -> None:
     """The holder's release, run synchronously: the event loop sees nothing meanwhile."""
-    keys = [f"{k}:{{{name}}}" for k in ("lock", "fence")]
-    keys += ["fencegate:synced", "fencegate:quarantine"]
-    keys += [f"{k}:{{{name}}}" for k in ("waitq", "waitx", "waitt")]
+    keys = lock_keys(name)
     for node, redis_node in zip(nodes, backend.nodes, strict=True):
         with redis.Redis.from_url(node.url) as r:
-            args = [lease_id, RELEASE_CHANNEL, name, "1", "holder", redis_node.run_id]
-            args += ["", 3000, "", ""]
+            args = release_args(lease_id, name, "holder", redis_node.run_id or "")
             assert r.eval(RELEASE.source, len(keys), *keys, *args) == 1
 
 

@@ -9,6 +9,8 @@ import pytest
 import redis
 
 from lockservice import scripts
+from lockservice.cleanup import release_args, undo_args
+from lockservice.protocol import RELEASE_CHANNEL as CHAN
 from tests._servers import RedisNode
 
 LOCK, FENCE, SYNCED, QUAR = "lock:{n}", "fence:{n}", "fencegate:synced", "fencegate:quarantine"
@@ -40,16 +42,15 @@ def acquire(
     return run(r, scripts.ACQUIRE, KEYS, [lease_id, ttl, ticket, 3_000, RUN_ID, proc])
 
 
-def release(r: redis.Redis, lease_id: str, leave_queue: str = "1", proc: str = PROC) -> object:
-    args = [lease_id, "chan", "n", leave_queue, proc, RUN_ID, "", 3_000, "", ""]
-    return run(r, scripts.RELEASE, KEYS, args)
+def release(r: redis.Redis, lease_id: str, proc: str = PROC) -> object:
+    return run(r, scripts.RELEASE, KEYS, list(release_args(lease_id, "n", proc, RUN_ID)))
 
 
 def undo(r: redis.Redis, lease_id: str, ticket: str, ttl: int = 10_000, token: str = "") -> object:
-    """Undo a failed try's grant (mode '0'), as a waiter with ``ticket`` does; a
-    queued waiter names the grant's ``token``."""
-    args = [lease_id, "chan", "n", "0", PROC, RUN_ID, ticket, 3_000, ttl, token]
-    return run(r, scripts.RELEASE, KEYS, args)
+    """Undo a failed try's grant, as a waiter with ``ticket`` does; a queued waiter
+    names the grant's ``token``."""
+    args = undo_args(lease_id, "n", PROC, RUN_ID, ticket=ticket, ttl_ms=ttl, grant=token)
+    return run(r, scripts.UNDO, KEYS, list(args))
 
 
 def listen(r: redis.Redis, *channels: str) -> redis.client.PubSub:
@@ -102,7 +103,7 @@ def test_release_only_by_owner_keeps_counter_and_tells_nobody_when_none_waits(
     r: redis.Redis,
 ) -> None:
     acquire(r, ID_A)
-    pubsub = listen(r, "chan", f"chan:{PROC}")
+    pubsub = listen(r, CHAN, f"{CHAN}:{PROC}")
     assert release(r, ID_B) == 0
     assert release(r, ID_A[:-1]) == 0  # a prefix is no owner
     assert r.get(LOCK) is not None
@@ -177,7 +178,7 @@ def test_mark_synced_sets_base_upwards_and_quarantines(r: redis.Redis) -> None:
 
 
 def test_script_shas_match_their_sources(r: redis.Redis) -> None:
-    for script in (scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.RAISE_FENCE):
+    for script in scripts.ALL:
         assert r.script_load(script.source) == script.sha.decode()
 
 
@@ -186,12 +187,12 @@ def test_release_hands_the_lock_to_the_earliest_queued_waiter(r: redis.Redis) ->
     acquire(r, ID_A)
     assert acquire(r, ID_B, ttl=7_000, ticket="1000.5", proc="p2")[0] == 0  # type: ignore[index]
     assert acquire(r, id_c, ticket="2000")[0] == 0  # type: ignore[index]
-    pubsub = listen(r, "chan", "chan:p1", "chan:p2")
+    pubsub = listen(r, CHAN, f"{CHAN}:p1", f"{CHAN}:p2")
     assert release(r, ID_A) == 1
     message = pubsub.get_message(timeout=1)
     assert message is not None
     # only the head waiter's process hears it: name, released lease, new holder, its token
-    assert message["channel"] == b"chan:p2"
+    assert message["channel"] == f"{CHAN}:p2".encode()
     assert message["data"] == f"n\n{ID_A}\n{ID_B}\n{BASE + 2}".encode()
     assert pubsub.get_message(timeout=0.1) is None
     assert r.get(LOCK) == f"{ID_B}:{BASE + 2}".encode()
@@ -215,7 +216,7 @@ def test_release_hands_the_lock_to_the_earliest_queued_waiter(r: redis.Redis) ->
 def test_a_node_that_cannot_grant_wakes_the_waiter_instead(r: redis.Redis) -> None:
     acquire(r, ID_A)
     acquire(r, ID_B, ticket="1")
-    pubsub = listen(r, f"chan:{PROC}")
+    pubsub = listen(r, f"{CHAN}:{PROC}")
     r.set(QUAR, 1, px=60_000)  # quarantined meanwhile: grants nothing
     assert release(r, ID_A) == 1
     message = pubsub.get_message(timeout=1)
@@ -251,7 +252,7 @@ def test_giving_up_leaves_the_queue_and_hands_the_lock_to_the_next(r: redis.Redi
     acquire(r, ID_B, ticket="1")
     acquire(r, "c" * 32, ticket="2")
     time.sleep(0.15)  # A expired, B was about to take it but gives up
-    pubsub = listen(r, f"chan:{PROC}")
+    pubsub = listen(r, f"{CHAN}:{PROC}")
     assert release(r, ID_B) == 0
     assert r.get(LOCK) == f"{'c' * 32}:{BASE + 2}".encode()
     message = pubsub.get_message(timeout=1)
@@ -265,9 +266,9 @@ def test_undoing_a_partial_grant_keeps_the_queue_place(r: redis.Redis) -> None:
     acquire(r, ID_A, ticket="1")
     acquire(r, ID_B, ticket="2")  # queued behind A's hold
     assert 0 < r.pttl(WAITQ) <= 6_000  # queues of forgotten names expire
-    assert release(r, ID_B, leave_queue="0") == 0
+    assert undo(r, ID_B, ticket="") == 0  # not its grant: the queue stays
     assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]
-    assert release(r, ID_B, leave_queue="1") == 0
+    assert release(r, ID_B) == 0
     assert r.exists(WAITQ) == 0
 
 

@@ -1,0 +1,155 @@
+"""Releases and undos: what they send, and what is sent again after a reconnect.
+
+Every release and undo of the Redis backend is built here (the argument lists
+of ``release.lua`` and ``undo.lua`` exist once, also for the tests), and so is
+the replay queue: a release, or the undo of a try without waiting, that could
+not reach a node is sent again when the node reconnects, and once more when
+commands stuck in its old socket have surely run (R7). A queued waiter's undo
+is never replayed: it names its grant (R13) and its answer is awaited (R14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+
+from lockservice import scripts
+from lockservice.node import Node
+from lockservice.protocol import KEEPALIVE_MS, RELEASE_CHANNEL, fence_key, lock_key, lock_keys
+from lockservice.replies import Granted, parse_acquire
+from lockservice.resp import Reply
+
+__all__ = ["Cleanups", "release_args", "undo_args"]
+
+_MAX_REPLAYS = 100_000
+_Command = tuple[scripts.Script, tuple[str, ...], tuple[str, ...]]
+
+
+def release_args(lease_id: str, name: str, process: str, run_id: str) -> tuple[str, ...]:
+    """ARGV of release.lua."""
+    return (lease_id, RELEASE_CHANNEL, name, process, run_id)
+
+
+def undo_args(
+    lease_id: str, name: str, process: str, run_id: str, *, ticket: str, ttl_ms: int, grant: str
+) -> tuple[str, ...]:
+    """ARGV of undo.lua: ``ticket`` '' for a try without waiting, ``grant`` the token
+    of the grant to undo ('' for any grant of the lease)."""
+    return (
+        *release_args(lease_id, name, process, run_id),
+        ticket,
+        str(KEEPALIVE_MS),
+        str(ttl_ms),
+        grant,
+    )
+
+
+class Cleanups:
+    """Sends releases and undos for one process's leases, replaying lost ones."""
+
+    def __init__(self, nodes: Sequence[Node], process: str, *, horizon: float) -> None:
+        self._nodes = list(nodes)
+        self._process = process
+        self._horizon = horizon  # after max_ttl every lock a cleanup could free expired
+        self._replays: list[dict[_Command, float]] = [{} for _ in self._nodes]
+
+    def release(self, name: str, lease_id: str, *, later: bool) -> list[asyncio.Future[Reply]]:
+        """release.lua on every node, replayed where the node is down (R6, R7)."""
+        return [
+            self._send(
+                i,
+                scripts.RELEASE,
+                name,
+                release_args(lease_id, name, self._process, node.run_id or ""),
+                later=later,
+            )
+            for i, node in enumerate(self._nodes)
+        ]
+
+    def undo_any(self, name: str, lease_id: str, ttl_ms: int) -> None:
+        """Undo any grant of a try without waiting, on every node (R7): a node that has
+        not answered may still grant, so it is not named, and it is replayed."""
+        for i, node in enumerate(self._nodes):
+            args = undo_args(
+                lease_id, name, self._process, node.run_id or "", ticket="", ttl_ms=ttl_ms, grant=""
+            )
+            self._send(i, scripts.UNDO, name, args, later=True)
+
+    def undo_named(
+        self, name: str, lease_id: str, ticket: str, ttl_ms: int, named: dict[int, int]
+    ) -> dict[int, asyncio.Future[Reply]]:
+        """A queued waiter's undo of the grants ``named`` (node -> token, R13), never
+        replayed; ``ticket`` '' gives them up whatever the queue (R15)."""
+        futures = {}
+        for i, token in named.items():
+            node = self._nodes[i]
+            args = undo_args(
+                lease_id,
+                name,
+                self._process,
+                node.run_id or "",
+                ticket=ticket,
+                ttl_ms=ttl_ms,
+                grant=str(token),
+            )
+            futures[i] = node.call(scripts.UNDO, lock_keys(name), args, later=True)
+        return futures
+
+    def settle_late(self, index: int, name: str, lease_id: str, granted: int, late: int) -> None:
+        """R16: node ``index`` granted lease ``granted`` late, counting ``late``.
+
+        The lease's real token is recorded there, or that node's lock value would
+        carry a token nobody was issued. A node whose counter ran ahead raises the
+        others' to it, so that the next grant finds them equal (no round 2).
+        """
+        if late == granted:
+            return
+        keys = (fence_key(name), lock_key(name))
+        self._nodes[index].call(scripts.RAISE_FENCE, keys, (granted, lease_id))
+        if late > granted:
+            for i, node in enumerate(self._nodes):
+                if i != index:
+                    node.call(scripts.RAISE_FENCE, keys, (late, ""))  # counter only
+
+    def settle_if_granted(
+        self, index: int, name: str, lease_id: str, token: int, fut: asyncio.Future[Reply]
+    ) -> None:
+        """A try's answer that came after the decision: R16 if it is a grant."""
+        reply = parse_acquire(fut.result())
+        if isinstance(reply, Granted):
+            self.settle_late(index, name, lease_id, token, reply.token)
+
+    def forget(self, lease_id: str) -> None:
+        """Drop what is remembered for ``lease_id`` (it is about to try again)."""
+        for replays in self._replays:
+            for command in [c for c in replays if c[2][0] == lease_id]:
+                del replays[command]
+
+    def replay(self, index: int) -> None:
+        """Send node ``index`` what could not reach it, now that it is connected."""
+        node, replays = self._nodes[index], self._replays[index]
+        if not replays or not node.connected:
+            return
+        horizon = asyncio.get_running_loop().time() - self._horizon
+        for command, since in list(replays.items()):
+            if since < horizon:
+                del replays[command]
+            else:
+                script, keys, args = command
+                node.call(script, keys, args)
+
+    def _send(
+        self, index: int, script: scripts.Script, name: str, args: tuple[str, ...], *, later: bool
+    ) -> asyncio.Future[Reply]:
+        command = (script, lock_keys(name), args)
+        fut = self._nodes[index].call(script, command[1], args, later=later)
+        fut.add_done_callback(functools.partial(self._remember_if_down, index, command))
+        return fut
+
+    def _remember_if_down(self, index: int, command: _Command, fut: asyncio.Future[Reply]) -> None:
+        if isinstance(fut.result(), ConnectionError):
+            replays = self._replays[index]
+            if len(replays) >= _MAX_REPLAYS:
+                replays.pop(next(iter(replays)))
+            replays[command] = asyncio.get_running_loop().time()

@@ -1,0 +1,104 @@
+"""One script to every node at once, decided as soon as the outcome is certain.
+
+A round returns when ``decided(replies)`` says so (Q good answers, or so many
+bad ones that Q cannot be reached), so one slow or paused node never delays an
+answer; it waits for the per-node timeout only when the outcome hangs on the
+nodes that have not answered. The result keeps every node's parsed answer, so
+the errors reported belong to this round and no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from lockservice.events import LockEvents
+from lockservice.replies import Failure, describe
+from lockservice.resp import Reply
+
+__all__ = ["Round", "fan_out"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Round(Generic[T]):
+    """What each node answered when the round was decided (None: not yet)."""
+
+    labels: tuple[str, ...]
+    replies: tuple[T | None, ...]
+    timed_out: bool
+    timeout: float
+
+    def count(self, good: Callable[[T], bool]) -> int:
+        return sum(r is not None and good(r) for r in self.replies)
+
+    def errors(self, good: Callable[[T], bool]) -> dict[str, str]:
+        """Why each node that did not answer ``good`` failed, by node label."""
+        out = {}
+        for label, reply in zip(self.labels, self.replies, strict=True):
+            if reply is None:
+                out[label] = (
+                    f"no reply within the node timeout ({self.timeout:g} s)"
+                    if self.timed_out
+                    else "had not answered when the others decided"
+                )
+            elif isinstance(reply, Failure):
+                out[label] = reply.reason
+            elif not good(reply):
+                out[label] = describe(reply)
+        return out
+
+
+async def fan_out(
+    futures: Sequence[asyncio.Future[Reply]],
+    parse: Callable[[Reply], T],
+    decided: Callable[[Sequence[T | None]], bool],
+    *,
+    labels: tuple[str, ...],
+    node_timeout: float,
+    events: LockEvents,
+    on_reply: Callable[[int, T], None] | None = None,
+) -> Round[T]:
+    """Wait until ``decided`` or the timeout; every answer is parsed on arrival.
+
+    ``on_reply`` sees each answer as it comes, also after the decision (late).
+    Per-node latency goes to ``events.node_call``, measured with perf_counter.
+    """
+    loop = asyncio.get_running_loop()
+    replies: list[T | None] = [None] * len(futures)
+    finished: asyncio.Future[bool] = loop.create_future()
+    start = time.perf_counter()
+
+    def on_done(i: int, fut: asyncio.Future[Reply]) -> None:
+        reply = parse(fut.result())
+        replies[i] = reply
+        events.node_call(labels[i], time.perf_counter() - start, not isinstance(reply, Failure))
+        if on_reply is not None:
+            on_reply(i, reply)
+        if not finished.done() and decided(replies):
+            finished.set_result(False)
+
+    for i, fut in enumerate(futures):
+        fut.add_done_callback(functools.partial(on_done, i))
+    if not finished.done() and decided(replies):  # e.g. no node to ask
+        finished.set_result(False)
+    timer = loop.call_later(node_timeout, _settle, finished)
+    try:
+        timed_out = await finished
+    finally:
+        timer.cancel()
+    if timed_out:
+        for i, reply in enumerate(replies):
+            if reply is None:
+                events.node_call(labels[i], node_timeout, False)
+    return Round(labels, tuple(replies), timed_out, node_timeout)  # late answers: on_reply
+
+
+def _settle(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(True)

@@ -1,0 +1,220 @@
+"""The lock protocol in one place: its rules, its words, its keys and its states.
+
+Every other module of ``lockservice`` cites these rules by number (``R4``)
+instead of restating them; the model in ``tests/model/`` has a switch per rule
+and shows a counterexample when one is removed.
+
+Invariants (DESIGN.md), for one lock name, N nodes, quorum Q = N // 2 + 1:
+
+- **I1** mutual exclusion: no two leases are valid at once, while a majority of
+  nodes is healthy and clocks drift less than ``drift(ttl)``.
+- **I2** monotonic tokens: every grant's token is greater than every earlier
+  grant's — across processes, with a minority down, after a restart with data loss.
+- **I3** no deadlock: a lease neither extended nor released expires after its ttl.
+- **I4** only the owner (its 128-bit ``lease_id``) extends or releases a lease.
+
+Glossary:
+
+- *try*: one round of ``acquire.lua`` on every node for one lease id.
+- *grant*: one node's ``lock:{name}`` set for a lease, with a token from that
+  node's ``fence:{name}`` counter (R1). A *lease* is a quorum of valid grants.
+- *round 2*: raising ``fence:{name}`` to the lease's token on every node (R4).
+- *hand-over*: a release that grants the lock to the next queued waiter inside
+  the release script and publishes the token to that waiter's process (R9).
+- *undo*: giving back the grants of a try that did not make a lease (R7, R13-R15).
+- *confirmation*: a try that finds a hand-over already granted to it and
+  issues that grant anew (R12).
+- *resync*: raising a restarted node's counters to what the others hold (R18).
+- *quarantine*: the time after a resync during which a node grants nothing (R19).
+
+Rules, each with the invariant it protects and where it is enforced:
+
+R1  A grant is one script: ``SET lock NX PX ttl`` and ``INCR fence`` together
+    (``queue.lua: grant``).                                                [I2]
+R2  Counters never go down and are never deleted; a missing counter restarts
+    above the node's synced token base (``queue.lua: grant``).             [I2]
+R3  A lease needs grants on Q nodes; its token is the largest of their tokens:
+    every earlier lease's quorum shares a node with this one (``redlock``).  [I1, I2]
+R4  Round 2: when those tokens differ, the counters are raised to the token on
+    every node, and the lease exists only once Q nodes acked; a node counts
+    only when it is free or held by the raising lease, so that no grant older
+    than the raise completes a quorum below it (``raise_fence.lua``).      [I2]
+R5  Validity is ``ttl - drift(ttl)`` from the *send time* of the try that got
+    the grant, on a monotonic clock; the lease ends with its Q-th latest
+    grant; without Q valid grants the try is undone (``handover.Pending``). [I1]
+R6  Release and extend compare the lease id; extend never re-creates an
+    expired lock (``release.lua``, ``extend.lua``).                       [I4, I1]
+R7  A try that did not make a lease, or whose acquire was cancelled, is
+    undone on every node, sent on each node's connection behind the try and
+    synchronously, so cancellation cannot skip it; the undo of a try without
+    waiting that cannot be sent is replayed after a reconnect (``cleanup``). [I3]
+R8  A waiter's ticket (its arrival time) is the same on every node; a free
+    lock goes to the earliest live waiter; a keepalive drops dead waiters
+    (``queue.lua``).                                                  [fairness]
+R9  Hand-over: the release script grants the lock to the queue head (R1: a
+    new token, the waiter's ttl) and publishes the token on that waiter's
+    process channel; Q valid hand-over grants make a lease, R3 and R4 apply
+    (``release.lua: hand_over``).                                 [no round trip]
+R10 A handed-over grant counts from the send time of the waiter's last try
+    that node answered "held" or "queued", never from the message's arrival
+    (``Pending.handed``).                                                   [I1]
+R11 A "queued" answer carries the node's counter; a hand-over message whose
+    token is not above it is older than that answer and ignored
+    (``Pending.refused``, ``Pending.handed``).                              [I1]
+R12 A try that finds a hand-over already granted confirms it by issuing it
+    anew (new token, ttl from now); messages with a lower token are ignored
+    from then on (``acquire.lua``, ``Pending.granted``).                    [I1]
+R13 A queued waiter's undo names the grant's token, so an undo delivered late
+    (stuck in a dropped connection) cannot take a later grant (``undo.lua``). [I1]
+R14 While an undo to a node is unanswered nothing from that node counts; a
+    lost undo answer makes the node suspect until a try of the waiter gets an
+    answer from it (``Pending.park``, ``Pending.undone``).                  [I1]
+R15 An undo keeps a grant unless an earlier waiter is queued on that node; a
+    waiter that fewer than Q nodes answer gives all its grants up
+    (``undo.lua``, ``redlock``).                                      [liveness]
+R16 A node that grants after the try was decided gets the lease's real token
+    written into its lock value; if its counter ran ahead, the others are
+    raised to it (``cleanup.settle_late``).                   [I2 for inspect]
+R17 A node counts only while ``fencegate:synced`` names its current run id
+    (every script is passed the run id read at connect): a restart, even from
+    an old snapshot, makes every process see it unsynced (``queue.lua:
+    grantable``, ``inspect.lua``).                                          [I2]
+R18 A resync raises every counter of the unsynced node to the largest value
+    on N - Q + 1 *synced* nodes, which every earlier quorum shares a node with.
+    Only when the other nodes answered and are themselves unsynced (a majority
+    restarted) does it copy from every node that answers, with a wall-clock
+    base above them all; a synced node that does not answer is waited for
+    (``resync``).                                                           [I2]
+R19 A resynced node is quarantined for ``max_ttl``: it grants nothing until
+    every lease it may have forgotten expired (``mark_synced.lua``).        [I1]
+R20 A node whose ``maxmemory-policy`` is not ``noeviction`` never counts: it
+    could evict counters or live locks (``node``).                          [I2]
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+__all__ = [
+    "KEEPALIVE_MS",
+    "QUARANTINE_KEY",
+    "RELEASE_CHANNEL",
+    "SYNCED_KEY",
+    "AttemptState",
+    "NodeState",
+    "drift",
+    "fence_key",
+    "lock_key",
+    "lock_keys",
+]
+
+RELEASE_CHANNEL: Final = "fencegate:released"  # + ":<process>": hand-overs and wake-ups
+SYNCED_KEY: Final = "fencegate:synced"  # "<token base> <run_id>" (R17)
+QUARANTINE_KEY: Final = "fencegate:quarantine"  # PX max_ttl after a resync (R19)
+KEEPALIVE_MS: Final = 3000  # a queued waiter that does not try again within it drops out (R8)
+
+
+def drift(ttl: float) -> float:
+    """Clock drift allowance subtracted from every validity window (R5)."""
+    return ttl * 0.01 + 0.002
+
+
+def lock_key(name: str) -> str:
+    return f"lock:{{{name}}}"
+
+
+def fence_key(name: str) -> str:
+    return f"fence:{{{name}}}"
+
+
+def lock_keys(name: str) -> tuple[str, ...]:
+    """The keys acquire.lua, release.lua and undo.lua take, in their order."""
+    return (
+        lock_key(name),
+        fence_key(name),
+        SYNCED_KEY,
+        QUARANTINE_KEY,
+        f"waitq:{{{name}}}",
+        f"waitx:{{{name}}}",
+        f"waitt:{{{name}}}",
+    )
+
+
+class NodeState(enum.StrEnum):
+    """What one process knows of one node (the ``fencegate_redis_node_state`` gauge).
+
+    Only a connection, an acquire's answer or a resync moves it; a read-only
+    script (inspect) never does, so a quarantined node does not look healthy.
+    """
+
+    DOWN = "down"  # not connected: unreachable, refused the login, or overdue replies
+    REFUSED = "refused"  # connected but never counted: evicting maxmemory-policy (R20)
+    UNSYNCED = "unsynced"  # restarted or new: counters may be behind (R17)
+    QUARANTINED = "quarantined"  # resynced, waiting out max_ttl (R19)
+    HEALTHY = "healthy"  # counts in quorums
+
+    @property
+    def counts(self) -> bool:
+        """Whether an acquire can be granted by this node now."""
+        return self is NodeState.HEALTHY
+
+
+NODE_TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
+    NodeState.DOWN: frozenset(
+        {NodeState.REFUSED, NodeState.UNSYNCED, NodeState.QUARANTINED, NodeState.HEALTHY}
+    ),
+    NodeState.REFUSED: frozenset({NodeState.DOWN}),
+    NodeState.UNSYNCED: frozenset({NodeState.DOWN, NodeState.QUARANTINED, NodeState.HEALTHY}),
+    NodeState.QUARANTINED: frozenset({NodeState.DOWN, NodeState.UNSYNCED, NodeState.HEALTHY}),
+    NodeState.HEALTHY: frozenset({NodeState.DOWN, NodeState.UNSYNCED, NodeState.QUARANTINED}),
+}
+
+
+class AttemptState(enum.StrEnum):
+    """The life of one acquire (one lease id) in one process.
+
+    TRYING -> GRANTED            a quorum of valid grants with one token (R3, R5)
+    TRYING -> RAISING -> GRANTED tokens differed: round 2 acked by Q nodes (R4)
+    TRYING -> QUEUED             held or queued behind an earlier waiter (R8);
+                                 grants it holds are undone or kept (R13-R15)
+    QUEUED -> TRYING             woken by a release, a nudge or the poll timer
+    QUEUED -> GRANTED / RAISING  Q hand-overs arrived (R9-R12)
+    any    -> FAILED             no quorum answered: undone, QuorumUnavailable
+    any    -> ABANDONED          wait ran out or the caller was cancelled: undone (R7)
+    """
+
+    TRYING = "trying"
+    RAISING = "raising"
+    QUEUED = "queued"
+    GRANTED = "granted"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+ATTEMPT_TRANSITIONS: Final[dict[AttemptState, frozenset[AttemptState]]] = {
+    AttemptState.TRYING: frozenset(
+        {
+            AttemptState.GRANTED,
+            AttemptState.RAISING,
+            AttemptState.QUEUED,
+            AttemptState.FAILED,
+            AttemptState.ABANDONED,
+        }
+    ),
+    AttemptState.RAISING: frozenset(
+        {AttemptState.GRANTED, AttemptState.FAILED, AttemptState.ABANDONED}
+    ),
+    AttemptState.QUEUED: frozenset(
+        {
+            AttemptState.TRYING,
+            AttemptState.RAISING,
+            AttemptState.GRANTED,
+            AttemptState.FAILED,
+            AttemptState.ABANDONED,
+        }
+    ),
+    AttemptState.GRANTED: frozenset(),
+    AttemptState.FAILED: frozenset(),
+    AttemptState.ABANDONED: frozenset(),
+}

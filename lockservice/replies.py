@@ -1,0 +1,186 @@
+"""Script replies, parsed once at the edge into typed values.
+
+Each ``parse_*`` takes what a node answered (a RESP value, an error reply, a
+lost connection) and returns a value of this module or a ``Failure``: nothing
+past here sees a raw reply. The sentinel codes the Lua scripts return are
+``Code``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from lockservice.resp import Reply, ReplyError
+
+__all__ = [
+    "AcquireReply",
+    "Code",
+    "Failure",
+    "Granted",
+    "Held",
+    "Inspected",
+    "Quarantined",
+    "Unsynced",
+    "describe",
+    "parse_acquire",
+    "parse_count",
+    "parse_inspect",
+    "parse_pong",
+    "parse_scan",
+    "parse_values",
+]
+
+
+class Code(enum.IntEnum):
+    """Sentinels in the first field of acquire.lua's and inspect.lua's answers."""
+
+    HELD = 0  # another lease holds it, or an earlier waiter is queued (acquire)
+    QUARANTINED = -1  # resynced after a restart, waiting out max_ttl (R19)
+    UNSYNCED = -2  # not synced in this run of the server (R17)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A node that did not answer usefully: down, an error reply, or garbage."""
+
+    reason: str
+    down: bool = False  # the connection is lost or was never made
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The node granted the lock (or re-issued a hand-over, R12) with ``token``."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Another lease holds it for ``pttl`` ms, or (``pttl`` 0) earlier waiters are
+    queued; ``counter`` is ``fence:{name}`` at the answer (R11)."""
+
+    pttl: int
+    counter: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """The node grants nothing for ``pttl`` more ms (R19)."""
+
+    pttl: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unsynced:
+    """The node has not been resynced since it (re)started (R17)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inspected:
+    """inspect.lua: the holder's token (0 when free), its ms left, the counter."""
+
+    token: int
+    pttl: int
+    counter: int
+
+
+AcquireReply = Granted | Held | Quarantined | Unsynced | Failure
+
+# An answer without a counter (from an older acquire.lua) vouches for no hand-over.
+_NO_COUNTER = 1 << 62
+
+
+def failure(reply: Reply) -> Failure | None:
+    """The failure a reply stands for, or None for a normal answer."""
+    if isinstance(reply, ReplyError):
+        return Failure(f"error reply: {reply}")
+    if isinstance(reply, ConnectionError):
+        return Failure(f"down: {reply}", down=True)
+    if isinstance(reply, TimeoutError):
+        return Failure("no reply in time")
+    return None
+
+
+def _ints(reply: Reply) -> list[int] | None:
+    if isinstance(reply, list) and all(isinstance(x, int) for x in reply):
+        return [x for x in reply if isinstance(x, int)]
+    return None
+
+
+def _unexpected(reply: Reply) -> Failure:
+    return failure(reply) or Failure(f"unexpected reply {reply!r}")
+
+
+def parse_acquire(reply: Reply) -> AcquireReply:
+    fields = _ints(reply)
+    if fields is None or len(fields) < 2:
+        return _unexpected(reply)
+    code = fields[0]
+    if code > 0:
+        return Granted(code)
+    if code == Code.HELD:
+        return Held(fields[1], fields[2] if len(fields) > 2 else _NO_COUNTER)
+    if code == Code.QUARANTINED:
+        return Quarantined(fields[1])
+    if code == Code.UNSYNCED:
+        return Unsynced()
+    return Failure(f"unexpected reply {reply!r}")
+
+
+def parse_inspect(reply: Reply) -> Inspected | Unsynced | Failure:
+    fields = _ints(reply)
+    if fields == [Code.UNSYNCED]:
+        return Unsynced()
+    if fields is None or len(fields) != 3:
+        return _unexpected(reply)
+    return Inspected(*fields)
+
+
+def parse_count(reply: Reply) -> int | Failure:
+    """An integer answer: release (1/0), undo (±token/0), extend and raise_fence
+    (token/0), resync (counters raised), mark_synced (1/0)."""
+    if isinstance(reply, int):
+        return reply
+    return _unexpected(reply)
+
+
+def parse_pong(reply: Reply) -> bool | Failure:
+    if reply == b"PONG":
+        return True
+    return _unexpected(reply)
+
+
+def describe(reply: object) -> str:
+    """A parsed answer that did not count, in words for an error message."""
+    if isinstance(reply, Failure):
+        return reply.reason
+    if isinstance(reply, Quarantined):
+        return f"quarantined for {reply.pttl / 1000:.1f} s more after a restart (R19)"
+    if isinstance(reply, Unsynced):
+        return "restarted or new, not resynced yet (R17)"
+    if isinstance(reply, Held):
+        return "held by another lease" if reply.pttl else "earlier waiters are queued"
+    if isinstance(reply, int) and not isinstance(reply, bool):
+        return "refused: the lease does not hold the lock there" if reply == 0 else f"{reply}"
+    return repr(reply)
+
+
+def parse_scan(reply: Reply) -> tuple[bytes, list[bytes]] | Failure:
+    """SCAN: the next cursor (b"0" at the end) and the keys of this batch."""
+    if isinstance(reply, list) and len(reply) == 2:
+        cursor, keys = reply
+        if isinstance(cursor, bytes) and isinstance(keys, list):
+            found = [k for k in keys if isinstance(k, bytes)]
+            if len(found) == len(keys):
+                return cursor, found
+    return _unexpected(reply)
+
+
+def parse_values(reply: Reply) -> list[bytes | None] | Failure:
+    """MGET: a value or None per key."""
+    if isinstance(reply, list):
+        values = [v for v in reply if v is None or isinstance(v, bytes)]
+        if len(values) == len(reply):
+            return values
+    return _unexpected(reply)
