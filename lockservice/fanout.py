@@ -16,13 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from lockservice.errors import QuorumUnavailable
 from lockservice.events import LockEvents
 from lockservice.replies import Failure, describe
 from lockservice.resp import Reply
 
-__all__ = ["Round", "fan_out"]
+__all__ = ["Decider", "Round", "Rounds", "fan_out"]
 
 T = TypeVar("T")
+Decider = Callable[[Sequence[T | None]], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +104,46 @@ async def fan_out(
 def _settle(fut: asyncio.Future[bool]) -> None:
     if not fut.done():
         fut.set_result(True)
+
+
+class Rounds:
+    """``fan_out`` over one set of nodes, with their quorum rule and error report."""
+
+    def __init__(self, labels: tuple[str, ...], *, node_timeout: float, events: LockEvents) -> None:
+        self.labels = labels
+        self.n = len(labels)
+        self.quorum = self.n // 2 + 1
+        self._timeout = node_timeout
+        self._events = events
+
+    async def run(
+        self,
+        futures: Sequence[asyncio.Future[Reply]],
+        parse: Callable[[Reply], T],
+        decided: Decider[T],
+        on_reply: Callable[[int, T], None] | None = None,
+    ) -> Round[T]:
+        return await fan_out(
+            futures,
+            parse,
+            decided,
+            labels=self.labels,
+            node_timeout=self._timeout,
+            events=self._events,
+            on_reply=on_reply,
+        )
+
+    def decider(self, good: Callable[[T], bool]) -> Decider[T]:
+        """Decided once Q replies are good, or so many are not that Q cannot be reached."""
+        n, q = self.n, self.quorum
+
+        def decided(replies: Sequence[T | None]) -> bool:
+            ok = sum(r is not None and good(r) for r in replies)
+            bad = sum(r is not None and not good(r) for r in replies)
+            return ok >= q or bad > n - q or ok + bad == n
+
+        return decided
+
+    def unavailable(self, name: str, rnd: Round[T], good: Callable[[T], bool]) -> QuorumUnavailable:
+        """The error of a round without quorum: each node's own reason, of this round."""
+        return QuorumUnavailable(name, rnd.errors(good), self.quorum, self.n)

@@ -1,0 +1,206 @@
+"""One process's tries at a lock: round 1, round 2 and the undo of a failed try.
+
+The rules are numbered in ``protocol.py``: a try asks every node at once
+(R1, R3), counts grants from the send time (R5), raises the counters when the
+tokens differ (R4), and gives back what did not make a lease (R7, R13-R15).
+A queued waiter's grants may also come from releases (hand-over, R9-R12):
+``handover.Handovers`` collects them between tries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+
+from lockservice import scripts
+from lockservice.backend import Attempt
+from lockservice.cleanup import Cleanups
+from lockservice.errors import QuorumUnavailable
+from lockservice.fanout import Decider, Rounds
+from lockservice.handover import Handovers, Pending
+from lockservice.health import Health
+from lockservice.node import Node
+from lockservice.protocol import KEEPALIVE_MS, fence_key, lock_key, lock_keys
+from lockservice.replies import (
+    AcquireReply,
+    Failure,
+    Granted,
+    Held,
+    Unsynced,
+    parse_acquire,
+    parse_count,
+)
+from lockservice.resync import Resyncer
+
+__all__ = ["Acquirer"]
+
+_AGAIN = 0.001  # "try again at once" (the grants ran out on the way)
+
+
+class Acquirer:
+    """Tries, raises and undos for the leases of one process."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        rounds: Rounds,
+        *,
+        process: str,
+        handovers: Handovers,
+        cleanups: Cleanups,
+        resyncer: Resyncer,
+        health: Health,
+    ) -> None:
+        self.nodes = list(nodes)
+        self.quorum = rounds.quorum
+        self._rounds = rounds
+        self._process = process
+        self._handovers = handovers
+        self._cleanups = cleanups
+        self._resyncer = resyncer
+        self._health = health
+
+    def _decider(self, before: frozenset[int]) -> Decider[AcquireReply]:
+        """Granted, held or unavailable: decided only once the class is certain.
+
+        A held lock must not be reported as a lost quorum because the node that
+        would have said "held" had not answered yet. ``before``: nodes whose
+        grant this waiter already holds (handed over by a release).
+        """
+        q = self.quorum
+
+        def decided(replies: Sequence[AcquireReply | None]) -> bool:
+            granted = held = pending = 0
+            for i, reply in enumerate(replies):
+                if i in before or isinstance(reply, Granted):
+                    granted += 1
+                elif reply is None:
+                    pending += 1
+                elif isinstance(reply, Held):
+                    held += 1
+            if granted >= q:
+                return True
+            if granted + pending >= q:
+                return False  # still grantable
+            return granted + held >= q or granted + held + pending < q or pending == 0
+
+        return decided
+
+    async def attempt(
+        self, name: str, lease_id: str, ttl: float, ticket: str
+    ) -> Attempt | QuorumUnavailable:
+        """One try (R3): a lease, a hint to wait, or why there was no quorum."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        pending = self._handovers.get(lease_id) if ticket else None
+        if pending is not None:
+            ready = pending.lease(self.quorum, start)
+            if ready is not None:  # releases handed it over: no round trip (R9)
+                return await self._grant(name, lease_id, ticket, pending, ready)
+        elif ticket:
+            pending = self._handovers.open(lease_id, Pending(name, len(self.nodes), ttl, start))
+        else:  # a try without waiting: this try's grants alone
+            pending = Pending(name, len(self.nodes), ttl, start)
+        pending.nudge_due = False  # this try asks every node anyway
+        args = (lease_id, max(1, int(ttl * 1000)), ticket, KEEPALIVE_MS)
+        futures = [
+            node.call(scripts.ACQUIRE, lock_keys(name), (*args, node.run_id or "", self._process))
+            for node in self.nodes
+        ]
+        before = pending.valid(start) if pending.grants else frozenset()
+        decided = self._decider(before)
+        rnd = await self._rounds.run(futures, parse_acquire, decided, self._health.note)
+        busy = []
+        for i, reply in enumerate(rnd.replies):
+            if isinstance(reply, Granted):
+                pending.granted(i, reply.token, start)
+            elif isinstance(reply, Held):
+                busy.append(reply.pttl)
+                pending.refused(i, start, reply.counter)
+            elif isinstance(reply, Unsynced):
+                self._resyncer.schedule(self.nodes[i])
+        ready = pending.lease(self.quorum, loop.time())
+        if ready is not None:
+            for i, fut in enumerate(futures):  # R16 for nodes that have not answered
+                if rnd.replies[i] is None:
+                    settle = functools.partial(self._cleanups.settle_if_granted, i, name, lease_id)
+                    fut.add_done_callback(functools.partial(settle, ready[0]))
+            return await self._grant(name, lease_id, ticket, pending, ready)
+        granted = len(pending.grants)
+        if ticket:  # a node still to answer may yet grant: that grant is the waiter's
+            for i, fut in enumerate(futures):
+                if rnd.replies[i] is None:
+                    late = functools.partial(self._handovers.late_reply, i, name, lease_id, start)
+                    fut.add_done_callback(late)
+        usable = rnd.count(lambda r: isinstance(r, Granted | Held))
+        if granted or (not ticket and None in rnd.replies):
+            # R15: a queued waiter keeps grants it is owed while others hold the rest;
+            # one that too few nodes answer gives them up, or it would block the lock.
+            self._undo(name, lease_id, ticket, pending, give_up=usable < self.quorum)
+        if granted >= self.quorum:
+            return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
+        if busy and granted + len(busy) >= self.quorum:
+            # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
+            return Attempt(0, 0.0, max(busy) / 1000)
+        return self._rounds.unavailable(name, rnd, _is_granted)
+
+    async def _grant(
+        self,
+        name: str,
+        lease_id: str,
+        ticket: str,
+        pending: Pending,
+        ready: tuple[int, float, bool],
+    ) -> Attempt | QuorumUnavailable:
+        """A quorum of valid grants: round 2 if their tokens differ (R4), then the lease."""
+        token, valid_until, agreed = ready
+        if not agreed:
+            failed = await self._raise_fence(name, lease_id, token)
+            if failed is not None:
+                self._undo(name, lease_id, ticket, pending, give_up=True)
+                return failed
+            pending.retoken(token)  # so that an undo below names what the nodes hold
+        if valid_until <= asyncio.get_running_loop().time():
+            self._undo(name, lease_id, ticket, pending)
+            return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
+        self._handovers.close(lease_id, token)
+        return Attempt(token, valid_until, 0.0)
+
+    async def _raise_fence(self, name: str, lease_id: str, token: int) -> QuorumUnavailable | None:
+        """Round 2 (R4); None when Q nodes acked, else why not."""
+        keys = (fence_key(name), lock_key(name))
+        futures = [node.call(scripts.RAISE_FENCE, keys, (token, lease_id)) for node in self.nodes]
+
+        def good(reply: int | Failure) -> bool:
+            return isinstance(reply, int) and reply >= token
+
+        decided = self._rounds.decider(good)
+        rnd = await self._rounds.run(futures, parse_count, decided)
+        return None if rnd.count(good) >= self.quorum else self._rounds.unavailable(name, rnd, good)
+
+    def abandon(self, name: str, lease_id: str) -> None:
+        self._handovers.close(lease_id)
+        self._cleanups.release(name, lease_id, later=False)  # R7: out at once
+
+    def _undo(
+        self, name: str, lease_id: str, ticket: str, pending: Pending, *, give_up: bool = False
+    ) -> None:
+        """Give back the grants of a failed try (R7); a queued waiter keeps those it is
+        owed unless ``give_up`` (R15), names each by its token (R13), and counts
+        nothing from a node until its undo answered (R14)."""
+        named = pending.park()
+        ttl_ms = max(1, int(pending.ttl * 1000))
+        if not ticket:
+            self._cleanups.undo_any(name, lease_id, ttl_ms)
+            return
+        sent = "" if give_up else ticket
+        futures = self._cleanups.undo_named(name, lease_id, sent, ttl_ms, named)
+        for i, fut in futures.items():
+            fut.add_done_callback(
+                functools.partial(self._handovers.undo_reply, i, lease_id, named[i])
+            )
+
+
+def _is_granted(reply: AcquireReply) -> bool:
+    return isinstance(reply, Granted)
