@@ -40,6 +40,10 @@ class Backend(Protocol):
         """
         ...
 
+    async def settle(self) -> bool:
+        """Wait, bounded, for nodes being resynced; False when none was (no retry)."""
+        ...
+
     def abandon(self, name: str, lease_id: str) -> None:
         """Undo any partial grant or queue place of ``lease_id``; synchronous, so safe
         under cancellation."""

@@ -231,11 +231,19 @@ class LockManager:
         loop = asyncio.get_running_loop()
         backend = self._backend
         backoff = _BACKOFF_QUEUED if ticket else _BACKOFF_FIRST
+        resynced = retried = False
         try:
             while True:
                 woken = backend.waiters.register(name, lease_id)  # before the try
                 try:
-                    attempt = await backend.try_acquire(name, lease_id, ttl, ticket)
+                    try:
+                        attempt = await backend.try_acquire(name, lease_id, ttl, ticket)
+                    except QuorumUnavailable:
+                        # Nodes in the middle of a resync: wait for them once, then retry.
+                        if resynced or not await backend.settle():
+                            raise
+                        resynced = True
+                        continue
                     if attempt.token:
                         return Lease(name, attempt.token, lease_id, attempt.valid_until, self)
                     remaining = deadline - loop.time()
@@ -253,6 +261,12 @@ class LockManager:
                         timer.cancel()
                 finally:
                     backend.waiters.unregister(name, lease_id)
+                    if resynced and not ticket and not retried:
+                        # R7: the failed try's undo names no grant and may still run late
+                        # (replayed, or stuck in a dropped socket): the retry is a new lease.
+                        backend.abandon(name, lease_id)
+                        lease_id = secrets.token_hex(16)
+                        retried = True
         except BaseException:
             # Undo partial grants and leave the queue, even when cancelled mid-flight:
             # abandon() only queues commands, behind the acquire on each connection.

@@ -67,6 +67,9 @@ class MemoryBackend:
         self._locks[name] = (lease_id, self._counter, now + ttl)
         return Attempt(self._counter, now + ttl, 0.0)
 
+    async def settle(self) -> bool:
+        return False
+
     def abandon(self, name: str, lease_id: str) -> None:
         held = self._locks.get(name)
         if held is not None and held[0] == lease_id:

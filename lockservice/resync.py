@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from lockservice import scripts
 from lockservice.health import Health
-from lockservice.memory import wall_clock_base
+from lockservice.memory import wall_clock_base  # looked up at call time: tests skew it
 from lockservice.node import Node
 from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY, NodeState
 from lockservice.replies import Failure, parse_count, parse_scan, parse_values
@@ -149,6 +149,7 @@ class Resyncer:
         others = [(n, m) for n, m in zip(self._nodes, markers, strict=True) if n is not node]
         synced = [n for n, m in others if _synced(n, m)]
         reachable = [n for n, m in others if not is_failure(m)]
+        unknown = len(others) - len(reachable)  # may be synced: we cannot tell from here
         needed = len(self._nodes) - self._quorum + 1
         restarted = node.label in self._restarted
         if (
@@ -171,9 +172,20 @@ class Resyncer:
                 "for %.1f s so that no lease it lost is granted twice",
                 node.label, copied, len(synced), self._quarantine_ms / 1000,
             )  # fmt: skip
+        elif len(synced) + unknown >= needed:
+            # R18: enough synced nodes may exist, some just do not answer us (a partition,
+            # a pause): copying from fewer could miss a grant they saw, and a base from
+            # our wall clock is no cover if it runs behind. Wait for them, or for a
+            # process that reaches them to resync this node.
+            log.warning(
+                "redis node %s is not synced; %d synced nodes answer, %d needed and %d do "
+                "not answer: waiting for them",
+                node.label, len(synced), needed, unknown,
+            )  # fmt: skip
+            return False
         elif len(reachable) + 1 >= self._quorum:
-            # Not enough synced nodes (a majority restarted, or nodes were added): take
-            # every counter any node still has, and a base above them all.
+            # Too few synced nodes exist (a majority restarted): take every counter
+            # any node still has, and a base from the wall clock above them all.
             copied = 0
             for source in reachable:
                 copied += await self._copy(source, node)

@@ -14,11 +14,12 @@ import contextlib
 
 import pytest
 
-from lockservice import LockHeld, LockManager, QuorumUnavailable
+from lockservice import LockHeld, LockManager, QuorumUnavailable, resync
 from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
-from tests._servers import RedisNode
+from tests._servers import RedisNode, free_port
 from tests.faults.conftest import (
     MAX_TTL,
+    NODE_TIMEOUT,
     Connect,
     cut_off,
     lock_key,
@@ -167,3 +168,51 @@ async def test_restarted_node_does_not_grant_a_lease_it_forgot(
     third = await other.acquire(NAME, ttl=1.0)
     assert third.token > second.token
     await other.release(third)
+
+
+async def test_a_gateway_whose_clock_is_behind_and_cannot_reach_a_synced_node_waits(
+    own_redis3: list[RedisNode], connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R18: a resync from too few synced nodes is no resync, whatever the wall clock says.
+
+    C restarts empty after grants that B missed. The only gateway left cannot
+    reach A (a partition) and its host clock runs an hour behind. Copying C's
+    counters from B alone, with a token base from that clock, would let B and C
+    issue again tokens that A and C issued: it must wait until a gateway that
+    reaches enough synced nodes resyncs C.
+    """
+    a, b, c = own_redis3
+    first = await connect(own_redis3)
+    issued: list[int] = []
+    for _ in range(3):
+        await _grant(first, issued)
+    await cut_off(first, b, 1)
+    for _ in range(MISSED):
+        await _grant(first, issued)  # granted by A and C only
+    b.resume()
+    await first.close()  # the gateway that could resync C properly is gone
+    c.restart(lose_data=True)
+
+    real_clock = resync.wall_clock_base
+    monkeypatch.setattr(resync, "wall_clock_base", lambda: real_clock() - 3_600_000_000)
+    unreachable_a = f"redis://127.0.0.1:{free_port()}"
+    skewed = await LockManager.connect(
+        [unreachable_a, b.url, c.url], node_timeout=NODE_TIMEOUT, max_ttl=MAX_TTL
+    )
+    try:
+        await asyncio.sleep(MAX_TTL / 2)
+        assert reply_bulk(c.command("GET", SYNCED_KEY)) is None, "C resynced from B alone"
+        with pytest.raises(QuorumUnavailable, match="not resynced"):
+            await skewed.acquire(NAME, ttl=1.0)
+
+        monkeypatch.undo()
+        proper = await connect(own_redis3)  # reaches A and B: resyncs C from both
+        await wait_until(lambda: quarantine_ms(c) > 0, 5.0, "node C resynced and quarantined")
+        await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of C over")
+        a.kill()
+        await proper.close()
+        lease = await skewed.acquire(NAME, ttl=1.0, wait=2.0)  # B and C
+        assert lease.token > max(issued), (lease.token, max(issued))
+        await skewed.release(lease)
+    finally:
+        await skewed.close()
