@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 
 import pytest
 
 from lockservice import LeaseLost, LockManager, NoEvents, QuorumUnavailable
+from lockservice.protocol import QUARANTINE_KEY
 from tests._servers import RedisNode
+from tests.faults.conftest import reply_int
 
 pytestmark = pytest.mark.faults
 
@@ -81,5 +85,64 @@ async def test_lost_leases_and_quorum_failures_are_reported(own_redis3: list[Red
         with pytest.raises(QuorumUnavailable):
             await mgr.release(mgr.handle("ev/b", "a" * 32))
         assert events.quorum == ["inspect", "release"]
+    finally:
+        await mgr.close()
+
+
+async def test_inspecting_never_marks_a_quarantined_node_healthy(
+    own_redis3: list[RedisNode],
+) -> None:
+    """The node-state gauge moves on acquires and resyncs only: every GET /v1/locks
+    (inspect) and forged-token guard miss must not reset a quarantine alert."""
+    events = Recorder()
+    mgr = await LockManager.connect(
+        [n.url for n in own_redis3], node_timeout=0.2, max_ttl=30.0, events=events
+    )
+    try:
+        label = f"127.0.0.1:{own_redis3[2].port}"
+        await mgr.release(await mgr.acquire("ev/q", ttl=1.0))
+        own_redis3[2].restart(lose_data=True)
+        for _ in range(100):
+            if (label, "quarantined") in events.states:
+                break
+            with contextlib.suppress(QuorumUnavailable):
+                await mgr.release(await mgr.acquire("ev/q", ttl=1.0))
+            await asyncio.sleep(0.05)
+        assert [s for n, s in events.states if n == label][-1] == "quarantined"
+        for _ in range(5):
+            await mgr.inspect("ev/q")
+            await mgr.issued("ev/q")
+        assert [s for n, s in events.states if n == label][-1] == "quarantined"
+    finally:
+        await mgr.close()
+
+
+async def test_quorum_errors_name_each_node_and_its_own_cause(
+    own_redis3: list[RedisNode],
+) -> None:
+    """Down, quarantined, and the count of nodes: from the round that failed."""
+    mgr = await LockManager.connect([n.url for n in own_redis3], node_timeout=0.2, max_ttl=30.0)
+    labels = [f"127.0.0.1:{n.port}" for n in own_redis3]
+    try:
+        await mgr.release(await mgr.acquire("ev/e", ttl=1.0))
+        own_redis3[1].restart(lose_data=True)  # resynced, then quarantined for 30 s
+        for _ in range(100):
+            if reply_int(own_redis3[1].command("PTTL", QUARANTINE_KEY)) > 0:
+                break
+            await asyncio.sleep(0.05)
+        own_redis3[2].kill()
+        for _ in range(20):  # until this process has seen the connection drop
+            with contextlib.suppress(QuorumUnavailable):
+                await mgr.release(await mgr.acquire("ev/e", ttl=1.0))
+            await asyncio.sleep(0.05)
+        with pytest.raises(QuorumUnavailable) as failed:
+            await mgr.acquire("ev/e", ttl=1.0)
+        message = str(failed.value)
+        assert "2 of 3 nodes needed" in message, message
+        errors = failed.value.node_errors
+        assert set(errors) == {labels[1], labels[2]}, errors
+        assert re.fullmatch(r"quarantined for \d+\.\d s more after a restart.*", errors[labels[1]])
+        assert errors[labels[2]].startswith("down: "), errors
+        assert "unexpected reply" not in message
     finally:
         await mgr.close()
