@@ -76,7 +76,7 @@ class _Wait:
             observer = self.manager.observer
             if observer is not None:
                 observer.stopped_waiting(self.name)
-                waited = asyncio.get_running_loop().time() - self.start
+                waited = time.perf_counter() - self.start
                 observer.record(self.name, waited, timed_out=timed_out)
 
 
@@ -177,8 +177,8 @@ class LockManager:
         ttl = validate_ttl(ttl, self.min_ttl, self.max_ttl)
         wait = validate_ttl(wait, 0.0, self.max_wait, "wait")
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        deadline = start + wait
+        start = time.perf_counter()  # durations: the loop's clock may be ms-coarse (uvloop)
+        deadline = loop.time() + wait
         lease_id = secrets.token_hex(16)
         ticket = f"{time.time() * 1000:.3f}" if wait else ""  # place in the remote queue
         result = "cancelled"
@@ -197,7 +197,7 @@ class LockManager:
         except TimeoutError:
             self._leave(name, turn)
             waited.end(timed_out=True)
-            self.events.acquire_done("held", loop.time() - start)
+            self.events.acquire_done("held", time.perf_counter() - start)
             raise LockHeld(name, retry_after=0.0) from None
         except BaseException:
             self._leave(name, turn)
@@ -218,7 +218,7 @@ class LockManager:
             turn.lock.release()
             self._leave(name, turn)
             waited.end(timed_out=result == "held")
-            self.events.acquire_done(result, loop.time() - start)
+            self.events.acquire_done(result, time.perf_counter() - start)
 
     def _leave(self, name: str, turn: _Turn) -> None:
         turn.users -= 1
