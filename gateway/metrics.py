@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from lockservice.node import parse_node_url
+from lockservice.protocol import NodeState
 
 if TYPE_CHECKING:
     from gateway.config import Config
@@ -57,7 +58,7 @@ NAMESPACE: Final = "fencegate"
 # The label values each hook reports (lockservice/events.py, gateway/routes.py,
 # storage_adapters/base.py); a value outside these still counts, it is just not
 # exported at 0 before its first event.
-NODE_STATES: Final = ("connected", "healthy", "unsynced", "quarantined", "down")
+NODE_STATES: Final = tuple(state.value for state in NodeState)
 ACQUIRE_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
 RENEW_RESULTS: Final = ("ok", "lost", "error")
 RELEASE_RESULTS: Final = ("released", "lost")

@@ -342,6 +342,11 @@ def _components() -> dict[str, Any]:
                 ready={"type": "boolean"},
                 draining={"type": "boolean"},
                 locks=STR,
+                locks_ready_in_s={
+                    "type": "number",
+                    "description": "when locks are refused only because nodes are "
+                    "quarantined: seconds until enough quarantines end",
+                },
                 stores={"type": "object", "additionalProperties": STR},
             ),
         },

@@ -33,6 +33,7 @@ from gateway.errors import (
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
 from lockservice import LockManager, LockServiceError, validate_name
+from lockservice.backend import Readiness
 from storage_adapters.base import DEFAULT_CONTENT_TYPE, MAX_TOKEN, validate_key
 from storage_adapters.errors import StorageError, TokenNotIssued
 
@@ -330,17 +331,27 @@ async def readyz(request: web.Request) -> web.Response:
     timeout = max(request.app[CONFIG].locks.node_timeout * 5, 1.0)
     stores = request.app[STORES]
     locks, *pings = await asyncio.gather(
-        _probe(request.app[LOCKS].ready(), timeout, "no quorum of lock nodes answers"),
+        _probe(request.app[LOCKS].ready(), timeout, ""),
         *(_probe(e.store.ping(), timeout, "") for e in stores.values()),
     )
     draining = request.app[STATE].draining
     store_states = dict(zip(stores, pings, strict=True))
-    ready = not draining and locks == "ok" and all(s == "ok" for s in pings)
-    body = {"ready": ready, "draining": draining, "locks": locks, "stores": store_states}
-    return web.json_response(body, status=200 if ready else 503)
+    lock_state, retry = locks if isinstance(locks, tuple) else (locks, None)
+    ready = not draining and lock_state == "ok" and all(s == "ok" for s in pings)
+    body: dict[str, object] = {
+        "ready": ready,
+        "draining": draining,
+        "locks": lock_state,
+        "stores": store_states,
+    }
+    headers = {}
+    if retry is not None:  # locks come back by themselves once quarantines end
+        body["locks_ready_in_s"] = round(retry, 3)
+        headers["Retry-After"] = str(max(1, math.ceil(retry)))
+    return web.json_response(body, status=200 if ready else 503, headers=headers)
 
 
-async def _probe(check: Any, seconds: float, refused: str) -> str:
+async def _probe(check: Any, seconds: float, refused: str) -> str | tuple[str, float | None]:
     try:
         async with asyncio.timeout(seconds):
             result = await check
@@ -350,6 +361,8 @@ async def _probe(check: Any, seconds: float, refused: str) -> str:
         return str(exc)
     except Exception as exc:  # readiness reports any failure; it must not turn into a 500
         return f"{type(exc).__name__}: {exc}"
+    if isinstance(result, Readiness):  # the locks: grantable now, or why not and how long
+        return ("ok" if result.ready else result.reason), result.retry_after
     return refused if result is False else "ok"
 
 

@@ -9,7 +9,16 @@ from lockservice.lease import LockInfo
 from lockservice.protocol import drift
 from lockservice.waiters import Waiters
 
-__all__ = ["Attempt", "Backend", "drift"]
+__all__ = ["Attempt", "Backend", "Readiness", "drift"]
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether a lock could be granted now; if not, why and for how long at least."""
+
+    ready: bool
+    reason: str = ""
+    retry_after: float | None = None  # seconds until quarantines end, when that is the cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +78,7 @@ class Backend(Protocol):
         """An upper bound of every token ever issued for ``name``."""
         ...
 
-    async def ready(self) -> bool:
-        """True when a quorum answers (readiness)."""
+    async def ready(self) -> Readiness:
+        """Whether a lock could be granted now: a quorum of nodes that answer, are
+        synced and are not quarantined."""
         ...

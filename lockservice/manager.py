@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from lockservice.backend import Backend
+from lockservice.backend import Backend, Readiness
 from lockservice.errors import LeaseLost, LockHeld, QuorumUnavailable
 from lockservice.events import ContentionObserver, LockEvents, NoEvents
 from lockservice.lease import Lease, LockInfo, validate_name, validate_ttl
@@ -355,7 +355,8 @@ class LockManager:
             self.events.quorum_failed("inspect")
             raise
 
-    async def ready(self) -> bool:
+    async def ready(self) -> Readiness:
+        """Whether a lock could be granted now; if not, why (readiness)."""
         return await self._backend.ready()
 
     @asynccontextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from lockservice.backend import Attempt
+from lockservice.backend import Attempt, Readiness
 from lockservice.errors import LeaseLost
 from lockservice.lease import LockInfo
 from lockservice.waiters import Waiters
@@ -101,5 +101,5 @@ class MemoryBackend:
     async def issued(self, name: str) -> int:
         return self._counter
 
-    async def ready(self) -> bool:
-        return True
+    async def ready(self) -> Readiness:
+        return Readiness(True)

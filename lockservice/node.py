@@ -138,6 +138,7 @@ class Node:
         self._task: asyncio.Task[None] | None = None
         self._poked: asyncio.Future[None] | None = None
         self.refused: str | None = None  # why the node is left out, e.g. its eviction policy
+        self.problem: str | None = None  # why it is not connected (logged once per change)
         self.stall_after = max(1.0, 5 * timeout)
 
     @property
@@ -170,8 +171,11 @@ class Node:
         conn = self._conn
         if conn is None or conn.closed:
             fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-            reason = f"evicts keys (maxmemory-policy {self.refused})" if self.refused else ""
-            fut.set_result(ConnectionError(f"node {self.label} {reason or 'is not connected'}"))
+            if self.refused:
+                reason = f"evicts keys (maxmemory-policy {self.refused})"
+            else:
+                reason = self.problem or "is not connected"
+            fut.set_result(ConnectionError(reason))  # the label is the key of the report
             if self._poked is not None and not self._poked.done():
                 self._poked.set_result(None)  # reconnect now rather than at the next tick
             return fut
@@ -203,6 +207,14 @@ class Node:
         first.add_done_callback(done)
         return out
 
+    def _failed(self, reason: str) -> None:
+        """The node cannot be used: log why, once per change of reason."""
+        if any(word in reason for word in ("WRONGPASS", "NOAUTH", "invalid password")):
+            reason = f"authentication failed ({reason})"
+        if reason != self.problem:
+            log.warning("redis node %s is down: %s", self.label, reason)
+            self.problem = reason
+
     # connections
     async def _open(self, on_push: Callable[[Reply], None] | None = None) -> Connection:
         a = self.address
@@ -229,10 +241,11 @@ class Node:
         except (ConnectionError, TimeoutError) as exc:
             if conn is not None:
                 conn.abort()
-            log.debug("node %s: %s", self.label, exc)
+            self._failed(str(exc) or "no answer to INFO in time")
             return False
         if is_failure(server) or is_failure(memory):
             conn.abort()
+            self._failed(f"refused INFO: {server if is_failure(server) else memory!r}")
             return False
         policy = _info_field(memory, "maxmemory_policy")
         if policy not in (None, "noeviction"):
@@ -247,6 +260,9 @@ class Node:
             self.refused = policy
             return False
         self.refused = None
+        if self.problem is not None:
+            log.info("redis node %s is connected again", self.label)
+            self.problem = None
         run_id = _info_field(server, "run_id")
         restarted = self.run_id is not None and run_id != self.run_id
         if restarted:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from lockservice import scripts
 from lockservice.acquire import Acquirer
-from lockservice.backend import Attempt
+from lockservice.backend import Attempt, Readiness
 from lockservice.cleanup import Cleanups
 from lockservice.errors import LeaseLost, QuorumUnavailable
 from lockservice.events import LockEvents
@@ -28,6 +28,7 @@ from lockservice.health import Health
 from lockservice.lease import LockInfo
 from lockservice.node import Connected, Inbox, Message, Node, Replay, parse_node_url
 from lockservice.protocol import (
+    QUARANTINE_KEY,
     RELEASE_CHANNEL,
     SYNCED_KEY,
     NodeState,
@@ -38,10 +39,12 @@ from lockservice.protocol import (
 from lockservice.replies import (
     Failure,
     Inspected,
+    Quarantined,
+    StateReply,
     Unsynced,
     parse_count,
     parse_inspect,
-    parse_pong,
+    parse_state,
 )
 from lockservice.resync import Resyncer
 from lockservice.waiters import Waiters
@@ -209,11 +212,24 @@ class Redlock:
     async def issued(self, name: str) -> int:
         return max(r.counter for r in await self._inspect(name, early=True))
 
-    async def ready(self) -> bool:
-        futures = [node.command("PING") for node in self.nodes]
-        decided = self._rounds.decider(_pong)
-        rnd = await self._rounds.run(futures, parse_pong, decided)
-        return rnd.count(_pong) >= self.quorum
+    async def ready(self) -> Readiness:
+        """Readiness: can Q nodes grant now (answer, synced, not quarantined)?"""
+        futures = [
+            node.call(scripts.STATE, (SYNCED_KEY, QUARANTINE_KEY), (node.run_id or "",))
+            for node in self.nodes
+        ]
+        rnd = await self._rounds.run(futures, parse_state, _all_answered)
+        for node, reply in zip(self.nodes, rnd.replies, strict=True):
+            self.health.observe(node.index, reply, refused=node.refused is not None)
+        able = rnd.count(_can_grant)
+        if able >= self.quorum:
+            return Readiness(True)
+        waits = sorted(r.pttl / 1000 for r in rnd.replies if isinstance(r, Quarantined))
+        short = self.quorum - able
+        retry = waits[short - 1] if len(waits) >= short else None
+        causes = "; ".join(f"{k}: {v}" for k, v in rnd.errors(_can_grant).items())
+        reason = f"{able} of {len(self.nodes)} nodes can grant, {self.quorum} needed: {causes}"
+        return Readiness(False, reason, retry)
 
 
 def _positive(reply: int | Failure) -> bool:
@@ -232,5 +248,9 @@ def _answered(reply: int | Failure) -> bool:
     return isinstance(reply, int)
 
 
-def _pong(reply: bool | Failure) -> bool:
+def _can_grant(reply: StateReply) -> bool:
     return reply is True
+
+
+def _all_answered(replies: Sequence[StateReply | None]) -> bool:
+    return None not in replies

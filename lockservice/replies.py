@@ -21,6 +21,7 @@ __all__ = [
     "Held",
     "Inspected",
     "Quarantined",
+    "StateReply",
     "Unsynced",
     "describe",
     "parse_acquire",
@@ -28,6 +29,7 @@ __all__ = [
     "parse_inspect",
     "parse_pong",
     "parse_scan",
+    "parse_state",
     "parse_values",
 ]
 
@@ -86,6 +88,7 @@ class Inspected:
 
 
 AcquireReply = Granted | Held | Quarantined | Unsynced | Failure
+StateReply = bool | Quarantined | Unsynced | Failure  # True: it can grant now
 
 # An answer without a counter (from an older acquire.lua) vouches for no hand-over.
 _NO_COUNTER = 1 << 62
@@ -135,6 +138,20 @@ def parse_inspect(reply: Reply) -> Inspected | Unsynced | Failure:
     if fields is None or len(fields) != 3:
         return _unexpected(reply)
     return Inspected(*fields)
+
+
+def parse_state(reply: Reply) -> StateReply:
+    """state.lua: True when the node can grant now."""
+    fields = _ints(reply)
+    if fields is None or len(fields) != 2:
+        return _unexpected(reply)
+    if fields[0] == 1:
+        return True
+    if fields[0] == Code.QUARANTINED:
+        return Quarantined(fields[1])
+    if fields[0] == Code.UNSYNCED:
+        return Unsynced()
+    return Failure(f"unexpected reply {reply!r}")
 
 
 def parse_count(reply: Reply) -> int | Failure:

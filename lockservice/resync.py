@@ -167,7 +167,7 @@ class Resyncer:
                 copied += await self._copy(source, node)
             base = max(_base(m) for n, m in others if n in synced)
             await self._finish(node, base, self._quarantine_ms)
-            log.warning(
+            log.info(
                 "redis node %s resynced (%d counters raised from %d nodes); quarantined "
                 "for %.1f s so that no lease it lost is granted twice",
                 node.label, copied, len(synced), self._quarantine_ms / 1000,
@@ -256,8 +256,11 @@ class Resyncer:
             )
         if is_failure(done):
             raise ConnectionError(f"marking {node.label} synced failed: {done!r}")
-        synced = NodeState.QUARANTINED if quarantine_ms and done == 1 else NodeState.HEALTHY
-        self._health.set(node.index, synced)
+        if quarantine_ms and done == 1:
+            why = f"for {quarantine_ms / 1000:.1f} s after a resync (R19)"
+            self._health.set(node.index, NodeState.QUARANTINED, why)
+        else:
+            self._health.set(node.index, NodeState.HEALTHY)
 
 
 def _synced(node: Node, marker: Reply) -> bool:

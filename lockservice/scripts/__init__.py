@@ -15,6 +15,7 @@ __all__ = [
     "RAISE_FENCE",
     "RELEASE",
     "RESYNC",
+    "STATE",
     "UNDO",
     "Script",
 ]
@@ -47,5 +48,6 @@ RAISE_FENCE = _load("raise_fence")
 INSPECT = _load("inspect")
 RESYNC = _load("resync")
 MARK_SYNCED = _load("mark_synced")
+STATE = _load("state", "queue")
 
-ALL = (ACQUIRE, RELEASE, UNDO, EXTEND, RAISE_FENCE, INSPECT, RESYNC, MARK_SYNCED)
+ALL = (ACQUIRE, RELEASE, UNDO, EXTEND, RAISE_FENCE, INSPECT, RESYNC, MARK_SYNCED, STATE)

@@ -11,7 +11,7 @@ import pytest
 from lockservice import LeaseLost, LockManager, NoEvents, QuorumUnavailable
 from lockservice.protocol import QUARANTINE_KEY
 from tests._servers import RedisNode
-from tests.faults.conftest import reply_int
+from tests.faults.conftest import node_connected, reply_int, wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -126,15 +126,13 @@ async def test_quorum_errors_name_each_node_and_its_own_cause(
     try:
         await mgr.release(await mgr.acquire("ev/e", ttl=1.0))
         own_redis3[1].restart(lose_data=True)  # resynced, then quarantined for 30 s
-        for _ in range(100):
-            if reply_int(own_redis3[1].command("PTTL", QUARANTINE_KEY)) > 0:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: reply_int(own_redis3[1].command("PTTL", QUARANTINE_KEY)) > 0,
+            10.0,
+            "node 1 resynced and quarantined",
+        )
         own_redis3[2].kill()
-        for _ in range(20):  # until this process has seen the connection drop
-            with contextlib.suppress(QuorumUnavailable):
-                await mgr.release(await mgr.acquire("ev/e", ttl=1.0))
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: not node_connected(mgr, 2), 5.0, "node 2 seen down")
         with pytest.raises(QuorumUnavailable) as failed:
             await mgr.acquire("ev/e", ttl=1.0)
         message = str(failed.value)

@@ -174,7 +174,7 @@ def test_each_hook_moves_its_metric_by_one(event: str, sample: str, labels: dict
 def test_node_state_is_one_for_the_current_state_only() -> None:
     registry = CollectorRegistry()
     metrics = Metrics.create(registry)
-    metrics.node_state("127.0.0.1:7101", "connected")
+    metrics.node_state("127.0.0.1:7101", "unsynced")
     metrics.node_state("127.0.0.1:7101", "quarantined")
     states = {s: value(registry, "fencegate_redis_node_state", node="127.0.0.1:7101", state=s)
               for s in NODE_STATES}  # fmt: skip
@@ -367,12 +367,9 @@ async def test_each_node_reports_up_after_start(
     _, registry = await gateway()
     for node in redis3:
         labels = {"node": f"127.0.0.1:{node.port}"}
-        up = sum(
-            value(registry, "fencegate_redis_node_state", state=state, **labels)
-            for state in ("connected", "healthy")
-        )
-        assert up == 1  # connected, or healthy once synced (a new cluster: no quarantine)
-        for state in ("down", "unsynced", "quarantined"):
+        # healthy once synced: a new cluster has no quarantine
+        assert value(registry, "fencegate_redis_node_state", state="healthy", **labels) == 1
+        for state in ("down", "refused", "unsynced", "quarantined"):
             assert value(registry, "fencegate_redis_node_state", state=state, **labels) == 0
 
 
