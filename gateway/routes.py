@@ -188,7 +188,9 @@ def _target(request: web.Request) -> tuple[StoreEntry, str]:
     entry = stores.get(store)
     if entry is None:
         raise UnknownStore(store, sorted(stores))
-    return entry, validate_key(request.match_info["key"])
+    key = validate_key(request.match_info["key"])
+    entry.store.check_key(key)  # a key the store refuses is 400, before the fencing guard
+    return entry, key
 
 
 def _token(request: web.Request, entry: StoreEntry, *, required: bool) -> int | None:
@@ -244,7 +246,17 @@ async def _fence(request: web.Request, entry: StoreEntry, scope: str, token: int
     cache.update(scope, issued)
     if token > issued:
         metrics.rejected(entry.name, "token_not_issued")
-        raise TokenNotIssued(token, issued, scope=scope)
+        raise TokenNotIssued(token, issued, scope=scope, hint=_not_issued_hint(request, scope))
+
+
+def _not_issued_hint(request: web.Request, scope: str) -> str:
+    """How to fix a token of another lock: the lock that fences the key, or the header."""
+    if LOCK_HEADER in request.headers:
+        return f"send a token of lock {scope!r}, the lock {LOCK_HEADER} names"
+    return (
+        f"a key is fenced by the lock {scope!r} (its store/key): take that lock, "
+        f"or send {LOCK_HEADER}: <name> with the token of the lock you hold"
+    )
 
 
 async def _body(request: web.Request) -> bytes:

@@ -2,16 +2,25 @@
 
 It keeps locks in a dict of this process, so it is only correct while a single
 process serves every client; ``LockManager.connect([])`` logs that loudly.
-Tokens come from one counter shared by every name, started from the wall
-clock (milliseconds x 1000), so a restarted gateway still issues tokens above
-the ones it issued before it stopped: storage keeps refusing old holders
-instead of refusing everyone.
+
+Tokens are counted per name, as Redis does with ``fence:{name}``: a token of
+one lock is never "issued" for another (the gateway's forged-token guard
+refuses it with 403 ``token_not_issued``). Every name's counter starts above a
+base taken from the wall clock when the backend starts (milliseconds x 1000),
+so a restarted gateway still issues tokens above the ones it issued before it
+stopped: storage keeps refusing old holders instead of refusing everyone.
+
+Counters are kept for the ``max_names`` names used last; a name forgotten
+beyond that answers ``issued()`` with the largest counter ever forgotten
+(an upper bound, so the guard stays correct but less strict for it), and its
+next token starts above that bound, so tokens still increase per name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 
 from lockservice.backend import Attempt, Readiness
 from lockservice.errors import LeaseLost
@@ -29,10 +38,14 @@ def wall_clock_base() -> int:
 class MemoryBackend:
     """Locks held in this process only."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_names: int = 1_000_000) -> None:
         self.waiters = Waiters()
         self._locks: dict[str, tuple[str, int, float]] = {}  # name -> lease_id, token, expiry
-        self._counter = wall_clock_base()
+        self._base = wall_clock_base()
+        self._issued: OrderedDict[str, int] = OrderedDict()  # name -> newest token, LRU
+        self._max_names = max(1, max_names)
+        self._forgotten = 0  # the largest counter dropped from _issued
+        self._grants = 0
 
     def describe(self) -> str:
         return "in-process memory backend (one gateway process only)"
@@ -61,11 +74,20 @@ class MemoryBackend:
         held = self._holder(name)
         if held is not None and held[0] != lease_id:
             return Attempt(0, 0.0, held[2] - now)
-        self._counter += 1
-        if self._counter % 4096 == 0:
+        token = max(self._issued_for(name), self._base) + 1
+        self._issued[name] = token
+        self._issued.move_to_end(name)
+        while len(self._issued) > self._max_names:
+            self._forgotten = max(self._forgotten, self._issued.popitem(last=False)[1])
+        self._grants += 1
+        if self._grants % 4096 == 0:
             self._sweep()
-        self._locks[name] = (lease_id, self._counter, now + ttl)
-        return Attempt(self._counter, now + ttl, 0.0)
+        self._locks[name] = (lease_id, token, now + ttl)
+        return Attempt(token, now + ttl, 0.0)
+
+    def _issued_for(self, name: str) -> int:
+        """The newest token issued for ``name`` (an upper bound if it was forgotten), or 0."""
+        return self._issued.get(name, self._forgotten)
 
     async def settle(self) -> bool:
         return False
@@ -95,11 +117,11 @@ class MemoryBackend:
     async def inspect(self, name: str) -> LockInfo:
         held = self._holder(name)
         if held is None:
-            return LockInfo(name, False, self._counter, 0.0)
+            return LockInfo(name, False, self._issued_for(name), 0.0)
         return LockInfo(name, True, held[1], held[2] - asyncio.get_running_loop().time())
 
     async def issued(self, name: str) -> int:
-        return self._counter
+        return self._issued_for(name)
 
     async def ready(self) -> Readiness:
         return Readiness(True)

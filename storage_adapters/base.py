@@ -163,6 +163,10 @@ class FencedStore(ABC):
             StorageUnavailable: it does not.
         """
 
+    def check_key(self, key: str) -> None:
+        """Raise ``BadValue`` for a key this store can never hold (before any fencing)."""
+        validate_key(key)
+
     async def put(
         self,
         scope: str,

@@ -43,9 +43,12 @@ class TokenNotIssued(StorageError):
 
     code = "token_not_issued"
 
-    def __init__(self, token: int, issued: int, *, scope: str = "") -> None:
+    def __init__(self, token: int, issued: int, *, scope: str = "", hint: str = "") -> None:
         where = f" for scope {scope!r}" if scope else ""
-        super().__init__(f"token {token} was never issued{where}; the newest issued is {issued}")
+        how = f"; {hint}" if hint else ""
+        super().__init__(
+            f"token {token} was never issued{where}; the newest issued is {issued}{how}"
+        )
         self.token = token
         self.issued = issued
         self.scope = scope

@@ -132,6 +132,10 @@ class FileStore(FencedStore):
             weakref.WeakValueDictionary()
         )
 
+    def check_key(self, key: str) -> None:
+        super().check_key(key)
+        key_segments(key)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:

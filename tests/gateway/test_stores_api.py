@@ -409,3 +409,25 @@ async def test_issued_counter_is_cached_and_refreshed_above_it(
     after_take = redis_calls()
     assert (await put(client, "files", "cached", "c", second["token"])).status == 200
     assert redis_calls() > after_take  # above the cached counter: asked again, then accepted
+
+
+async def test_token_of_another_lock_is_403_and_the_message_says_how_to_fix_it(
+    start: Start, files_root: Path, lock_urls: list[str]
+) -> None:
+    # Over both backends: a token is issued per lock name, never for every scope.
+    stores = {"files": {"type": "files", "root": str(files_root)}}
+    client = await start(make_config(lock_urls=lock_urls, stores=stores))
+    grant = await take(client, "orders/42")
+    body = await error(await put(client, "files", "orders/42", "paid", grant["token"]), 403,
+                       "token_not_issued")  # fmt: skip
+    assert body["token"] == grant["token"]
+    assert body["issued"] == 0
+    assert "'files/orders/42'" in body["message"], body
+    assert "X-Fencing-Lock" in body["message"], body
+    assert await read(client, "files", "orders/42") is None
+    # either fix works: name the lock that was taken, or take the key's own lock
+    named = await put(client, "files", "orders/42", "paid", grant["token"],
+                      **{"X-Fencing-Lock": "orders/42"})  # fmt: skip
+    assert named.status == 200, await named.text()
+    own = await take(client, "files/orders/43")
+    assert (await put(client, "files", "orders/43", "paid", own["token"])).status == 200
