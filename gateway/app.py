@@ -59,6 +59,9 @@ _CLOSE_TIMEOUT: Final = 10.0
 def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
     """The gateway for ``config``; metrics go to ``registry`` (default: a new one).
 
+    ``GET /metrics`` is one of its routes unless ``config.metrics_listen`` is set:
+    then the caller serves ``registry`` on that address (``fencegate serve`` does).
+
     Nothing connects until the app starts (``AppRunner.setup`` or the
     ``aiohttp_client`` fixture); a store that cannot start fails the startup
     with ``StartupError``.
@@ -70,7 +73,7 @@ def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> 
     app = web.Application(middlewares=MIDDLEWARES, client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[STATE] = GatewayState(config.locks.issued_cache_size)
-    add_routes(app, registry)
+    add_routes(app, registry if config.metrics_listen is None else None)
     app.cleanup_ctx.append(_metrics_ctx(registry))
     app.cleanup_ctx.append(_locks_ctx)
     app.cleanup_ctx.append(_stores_ctx)

@@ -261,7 +261,7 @@ def _document() -> dict[str, Any]:
             "/metrics": {
                 "get": {
                     "operationId": "metrics",
-                    "summary": "Prometheus metrics",
+                    "summary": "Prometheus metrics (only on metrics_listen when that is set)",
                     "responses": {
                         "200": {"description": "text format", "content": {"text/plain": {}}}
                     },

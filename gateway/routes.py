@@ -378,7 +378,13 @@ async def _probe(check: Any, seconds: float, refused: str) -> str | tuple[str, f
     return refused if result is False else "ok"
 
 
-def add_routes(app: web.Application, registry: CollectorRegistry) -> None:
-    """Every route of the API, and ``GET /metrics`` for ``registry``."""
+def add_routes(app: web.Application, registry: CollectorRegistry | None) -> None:
+    """Every route of the API, and ``GET /metrics`` for ``registry`` unless it is None.
+
+    With ``metrics_listen`` the metrics are served on that address alone (no
+    ``/metrics`` here: the main port may be reachable by more than the scraper).
+    """
     app.router.add_routes(routes)
-    app.router.add_get("/metrics", make_aiohttp_handler(registry), name="metrics", allow_head=False)
+    if registry is not None:
+        handler = make_aiohttp_handler(registry)
+        app.router.add_get("/metrics", handler, name="metrics", allow_head=False)

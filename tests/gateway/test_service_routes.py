@@ -188,3 +188,25 @@ async def test_hold_time_is_observed_on_release(aiohttp_client: Any) -> None:
     assert registry.get_sample_value("fencegate_lock_hold_seconds_count") == 1
     assert registry.get_sample_value("fencegate_leases_held") == 0
     assert registry.get_sample_value("fencegate_lock_releases_total", {"result": "released"}) == 1
+
+
+async def test_metrics_are_not_on_the_main_port_when_metrics_listen_is_set(
+    aiohttp_client: Any, files_root: Path
+) -> None:
+    registry = CollectorRegistry()
+    config = make_config(
+        stores={"files": {"type": "files", "root": str(files_root)}},
+        metrics_listen="127.0.0.1:9108",
+    )
+    client = await aiohttp_client(create_app(config, registry=registry))
+    assert (await client.post("/v1/locks/x", json={"ttl_ms": 5000})).status == 200
+    response = await client.get("/metrics")
+    assert response.status == 404
+    assert (await response.json())["error"] == "not_found"
+    # the registry still counts: fencegate serve exposes it on metrics_listen
+    granted = registry.get_sample_value("fencegate_lock_acquisitions_total", {"result": "granted"})
+    assert granted == 1.0
+    routed = {route.resource.canonical for route in app_of(client).router.routes()
+              if route.resource is not None}  # fmt: skip
+    assert "/metrics" not in routed
+    assert "/healthz" in routed
