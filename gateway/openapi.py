@@ -41,6 +41,13 @@ def _object(required: list[str], **props: Any) -> dict[str, Any]:
 INT: Final = {"type": "integer", "format": "int64"}
 TOKEN: Final = {"type": "integer", "format": "int64", "minimum": 1}
 STR: Final = {"type": "string"}
+_TTL_MS: Final = {**INT, "description": "the ttl granted: the one asked for, or the default"}
+_VALID_MS: Final = {
+    **INT,
+    "minimum": 0,
+    "description": "how long the lease is valid from this response, as the gateway "
+    "computed it: ttl - time the grant took - clock drift allowance (1% of ttl + 2 ms)",
+}
 
 _AUTH: Final = {
     "401": _error("no or unknown bearer key, when [auth] is configured", "unauthorized"),
@@ -75,7 +82,10 @@ def _document() -> dict[str, Any]:
         {"$ref": "#/components/parameters/Key"},
         {"$ref": "#/components/parameters/FencingLock"},
     ]
+    # A $ref allows no sibling but summary/description: one component each for the
+    # required (PUT, DELETE) and the optional (fenced read) token header.
     token_header = {"$ref": "#/components/parameters/FencingToken"}
+    read_token_header = {"$ref": "#/components/parameters/FencedReadToken"}
     fenced_write = {
         **_AUTH,
         **_STORE_FAIL,
@@ -161,7 +171,7 @@ def _document() -> dict[str, Any]:
                 "put": {
                     "operationId": "put",
                     "summary": "Write the body if the token is not stale",
-                    "parameters": [{**token_header, "required": True}],
+                    "parameters": [token_header],
                     "requestBody": {
                         "required": True,
                         "description": "bytes (for a legacy table: a JSON object of columns)",
@@ -176,7 +186,7 @@ def _document() -> dict[str, Any]:
                 "get": {
                     "operationId": "get",
                     "summary": "Read; with X-Fencing-Token a fenced read that raises the mark",
-                    "parameters": [token_header],
+                    "parameters": [read_token_header],
                     "responses": {
                         "200": {
                             "description": "the body, with its stored content type",
@@ -196,7 +206,7 @@ def _document() -> dict[str, Any]:
                 "delete": {
                     "operationId": "delete",
                     "summary": "Delete if the token is not stale",
-                    "parameters": [{**token_header, "required": True}],
+                    "parameters": [token_header],
                     "responses": {"204": {"description": "deleted (or absent)"}, **fenced_write},
                 },
             },
@@ -295,7 +305,16 @@ def _components() -> dict[str, Any]:
             "FencingToken": {
                 "name": "X-Fencing-Token",
                 "in": "header",
+                "required": True,
                 "description": "the lock's token, 1..2**63-1",
+                "schema": TOKEN,
+            },
+            "FencedReadToken": {
+                "name": "X-Fencing-Token",
+                "in": "header",
+                "required": False,
+                "description": "optional: a fenced read, refused when the token is stale, "
+                "else raising the key's high-water mark to it",
                 "schema": TOKEN,
             },
             "FencingLock": {
@@ -320,13 +339,20 @@ def _components() -> dict[str, Any]:
                 "additionalProperties": True,
             },
             "Grant": _object(
-                ["name", "token", "lease_id", "ttl_ms"],
+                ["name", "token", "lease_id", "ttl_ms", "valid_ms"],
                 name=STR,
                 token=TOKEN,
                 lease_id=STR,
-                ttl_ms=INT,
+                ttl_ms=_TTL_MS,
+                valid_ms=_VALID_MS,
             ),
-            "Renewal": _object(["name", "token", "ttl_ms"], name=STR, token=TOKEN, ttl_ms=INT),
+            "Renewal": _object(
+                ["name", "token", "ttl_ms", "valid_ms"],
+                name=STR,
+                token=TOKEN,
+                ttl_ms=_TTL_MS,
+                valid_ms=_VALID_MS,
+            ),
             "LockState": _object(
                 ["name", "held", "token", "ttl_ms"],
                 name=STR,

@@ -108,7 +108,8 @@ def _ms(body: Mapping[str, Any], field: str, default: float, low: float, high: f
 
 
 def _millis(seconds: float) -> int:
-    return max(0, math.floor(seconds * 1000))
+    """Whole milliseconds, rounded down: a validity is never overstated."""
+    return max(0, math.floor(seconds * 1000 + 1e-9))
 
 
 def _lease_id(value: object, where: str) -> str:
@@ -120,7 +121,11 @@ def _lease_id(value: object, where: str) -> str:
 # locks
 @routes.post("/v1/locks/{name:.+}/renew", name="lock_renew")
 async def renew(request: web.Request) -> web.Response:
-    """Extend a lease by its lease_id; reply with its token and new validity."""
+    """Extend a lease by its lease_id; reply with its token, the ttl and the new validity.
+
+    ``valid_ms`` is what the lock service computed (ttl - elapsed - drift), measured
+    when the response is built; ``ttl_ms`` is the ttl asked for (or the default).
+    """
     name = _lock_name(request)
     locks = request.app[CONFIG].locks
     body = await _json_object(request, {"lease_id", "ttl_ms"})
@@ -129,15 +134,16 @@ async def renew(request: web.Request) -> web.Response:
     # The gateway keeps no lease: a handle (name + id) is all the lock service needs;
     # its extend confirms the lease with the nodes and returns the lease's token.
     extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id), ttl)
-    request.app[METRICS].lease_renewed(lease_id, extended.remaining())
+    valid = extended.remaining()
+    request.app[METRICS].lease_renewed(lease_id, valid)
     return web.json_response(
-        {"name": name, "token": extended.token, "ttl_ms": _millis(extended.remaining())}
+        {"name": name, "token": extended.token, "ttl_ms": _millis(ttl), "valid_ms": _millis(valid)}
     )
 
 
 @routes.post("/v1/locks/{name:.+}", name="lock_acquire")
 async def acquire(request: web.Request) -> web.Response:
-    """Take a lock; wait up to wait_ms for it."""
+    """Take a lock; wait up to wait_ms for it. ``valid_ms`` and ``ttl_ms`` as for renew."""
     name = _lock_name(request)
     locks = request.app[CONFIG].locks
     body = await _json_object(request, {"ttl_ms", "wait_ms"})
@@ -147,13 +153,15 @@ async def acquire(request: web.Request) -> web.Response:
         lease = await request.app[LOCKS].acquire(name, ttl=ttl, wait=wait)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
+    valid = lease.remaining()
+    request.app[METRICS].lease_granted(lease.lease_id, valid)
     return web.json_response(
         {
             "name": name,
             "token": lease.token,
             "lease_id": lease.lease_id,
-            "ttl_ms": _millis(lease.remaining()),
+            "ttl_ms": _millis(ttl),
+            "valid_ms": _millis(valid),
         }
     )
 

@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections import OrderedDict
 
-from lockservice.backend import Attempt, Readiness
+from lockservice.backend import Attempt, Readiness, drift
 from lockservice.errors import LeaseLost
 from lockservice.lease import LockInfo
 from lockservice.waiters import Waiters
@@ -83,7 +83,9 @@ class MemoryBackend:
         if self._grants % 4096 == 0:
             self._sweep()
         self._locks[name] = (lease_id, token, now + ttl)
-        return Attempt(token, now + ttl, 0.0)
+        # The lease's validity is ttl - drift, as over Redis: clients on other hosts
+        # count it on their own clocks (the lock itself is held for the whole ttl).
+        return Attempt(token, now + ttl - drift(ttl), 0.0)
 
     def _issued_for(self, name: str) -> int:
         """The newest token issued for ``name`` (an upper bound if it was forgotten), or 0."""
@@ -102,9 +104,9 @@ class MemoryBackend:
         held = self._holder(name)
         if held is None or held[0] != lease_id:
             raise LeaseLost(name, "it expired or another lease holds it")
-        valid_until = asyncio.get_running_loop().time() + ttl
-        self._locks[name] = (lease_id, held[1], valid_until)
-        return valid_until, held[1]
+        expiry = asyncio.get_running_loop().time() + ttl
+        self._locks[name] = (lease_id, held[1], expiry)
+        return expiry - drift(ttl), held[1]
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         held = self._holder(name)

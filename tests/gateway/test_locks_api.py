@@ -26,20 +26,29 @@ async def acquire(client: Client, name: str, **body: Any) -> dict[str, Any]:
     return data
 
 
-async def test_acquire_returns_token_lease_id_and_ttl(client: Client) -> None:
+def drift_ms(ttl_ms: int) -> int:
+    """The clock drift allowance the lock service subtracts: 1 % of ttl + 2 ms."""
+    return ttl_ms // 100 + 2
+
+
+async def test_acquire_returns_token_lease_id_ttl_and_validity(client: Client) -> None:
     grant = await acquire(client, "orders/42", ttl_ms=5000)
-    assert set(grant) == {"name", "token", "lease_id", "ttl_ms"}
+    assert set(grant) == {"name", "token", "lease_id", "ttl_ms", "valid_ms"}
     assert grant["name"] == "orders/42"
     assert isinstance(grant["token"], int)
     assert grant["token"] > 0
     assert HEX32.fullmatch(grant["lease_id"])
-    assert 4000 < grant["ttl_ms"] <= 5000
+    assert grant["ttl_ms"] == 5000
+    # ttl - elapsed - drift, as the gateway computed it: never more than ttl - drift
+    assert 4000 < grant["valid_ms"] <= 5000 - drift_ms(5000)
 
 
 async def test_acquire_without_body_uses_defaults(client: Client) -> None:
     response = await client.post("/v1/locks/plain")
     assert response.status == 200
-    assert 9000 < (await response.json())["ttl_ms"] <= 10_000
+    grant = await response.json()
+    assert grant["ttl_ms"] == 10_000
+    assert 9000 < grant["valid_ms"] <= 10_000 - drift_ms(10_000)
 
 
 async def test_held_lock_answers_409_lock_held_with_retry_after(client: Client) -> None:
@@ -95,7 +104,9 @@ async def test_renew_extends_and_returns_the_token(client: Client, lock_urls: li
     body = await response.json()
     assert body["name"] == "jobs/1"
     assert_lease_token(body["token"], grant["token"], lock_urls)
-    assert 4000 < body["ttl_ms"] <= 5000
+    assert set(body) == {"name", "token", "ttl_ms", "valid_ms"}
+    assert body["ttl_ms"] == 5000
+    assert 4000 < body["valid_ms"] <= 5000 - drift_ms(5000)
     await asyncio.sleep(0.5)  # past the first ttl: still held thanks to the renew
     status = await (await client.get("/v1/locks/jobs/1")).json()
     assert status["held"] is True

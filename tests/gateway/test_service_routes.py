@@ -109,6 +109,16 @@ async def test_openapi_lists_exactly_the_routes_of_the_app(client: Client) -> No
     assert documented == routed
 
 
+async def test_openapi_document_is_valid_openapi_3_1(client: Client) -> None:
+    from openapi_spec_validator import OpenAPIV31SpecValidator
+
+    doc = await (await client.get("/v1/openapi.json")).json()
+    assert doc["openapi"] == "3.1.0"
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in OpenAPIV31SpecValidator(doc).iter_errors()]  # fmt: skip
+    assert errors == []
+
+
 async def test_openapi_documents_every_error_code_and_header(client: Client) -> None:
     doc = await (await client.get("/v1/openapi.json")).json()
     text = str(doc)
