@@ -1,0 +1,220 @@
+"""The docs' examples run as written, against real gateways over three real Redis nodes.
+
+Shell blocks run line by line with the real ``curl`` and the ``fencegate``
+command against ``python -m gateway serve`` processes configured with the
+README's own configuration block (its stores, on the test's PostgreSQL schema
+and a temporary files root; its auth keys and TLS left out, which the examples
+do not use) over three ``redis-server`` nodes; a line that starts with ``# {``
+is the output the docs show, and the real output must have the same fields.
+Python blocks run as written (top-level ``await`` allowed) against the same
+setup; TOML blocks go through ``fencegate check-config``. Blocks the docs mark
+``<!-- docs-test: not run (...) -->`` are exactly ``NOT_RUN``.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import copy
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests._servers import RedisNode
+from tests.docs._blocks import ROOT, Block, Substitutions, all_blocks, blocks, shell_commands
+from tests.faults.test_gateway_two_processes import gateways, http_session
+
+NOT_RUN = {
+    ("README.md", "./dev serve"),  # installs packages and serves on the fixed port 8080
+    ("deploy/README.md", "docker compose -f deploy/compose.yaml up --build"),  # no Docker here
+}
+# What a block leaves behind, checked after it ran: (store, key, body) by its first line.
+EFFECTS = {
+    "curl -s -XPOST localhost:8080/v1/locks/files/orders/42": ("files", "orders/42", b"paid"),
+    "from gateway.client import FencegateClient": ("files", "orders/42", b"paid"),
+    "fencegate lock files/orders/42": ("files", "orders/42", b"hello\n"),
+}
+SHELL_PRELUDE = """set -euo pipefail
+curl() { command curl --fail-with-body --show-error --max-time 30 "$@"; }
+fencegate() { "$FENCEGATE_TEST_PYTHON" -m gateway "$@"; }
+"""
+
+
+def runnable(lang: str) -> list[Block]:
+    return [b for b in all_blocks() if b.lang == lang and b.skip is None]
+
+
+def readme_config() -> dict[str, Any]:
+    """The configuration block of README.md (the TOML block with ``[locks]``)."""
+    (block,) = [b for b in blocks("README.md") if b.lang == "toml" and "[locks]" in b.text]
+    return tomllib.loads(block.text)
+
+
+def gateway_config(
+    redis: list[RedisNode], pg_dsn: str, pg_schema: str, root: Path
+) -> dict[str, Any]:
+    """README's configuration on this machine: its stores, the test's servers."""
+    raw = copy.deepcopy(readme_config())
+    # listen: a free port per gateway; metrics_listen: one per gateway would be needed
+    for left_out in ("auth", "tls", "listen", "metrics_listen"):
+        raw.pop(left_out, None)
+    raw["locks"]["redis"] = [n.url for n in redis]
+    for store in raw["stores"].values():
+        if store["type"] == "postgres":
+            store.update(dsn=pg_dsn, schema=pg_schema)
+        else:
+            store["root"] = str(root)
+    return raw
+
+
+def test_only_the_listed_blocks_are_not_run() -> None:
+    found = all_blocks()
+    not_run = {(b.file, b.first_line.partition("#")[0].strip()) for b in found if b.skip}
+    assert not_run == NOT_RUN
+    assert {b.lang for b in found if b.skip is None} <= {"sh", "python", "toml"}
+    assert len([b for b in found if b.skip is None]) >= 5
+
+
+@asynccontextmanager
+async def running(raw: dict[str, Any], workdir: Path, count: int) -> AsyncIterator[list[str]]:
+    with gateways(workdir, raw, count) as procs:
+        async with http_session() as session:
+            await asyncio.gather(*(p.wait_ready(session) for p in procs))
+            try:
+                yield [p.url for p in procs]
+            except BaseException:
+                for p in procs:
+                    print(f"--- log of {p.url}:\n{p.log_text()[-4000:]}")
+                raise
+
+
+@pytest.fixture
+def setup(
+    redis3: list[RedisNode], pg_dsn: str, pg_schema: str, legacy_table: str, tmp_path: Path
+) -> Callable[[int], Any]:
+    """``async with setup(n) as (urls, subs)``: n README gateways and the substitutions."""
+    raw = gateway_config(redis3, pg_dsn, pg_schema, tmp_path / "files")
+
+    @asynccontextmanager
+    async def start(count: int) -> AsyncIterator[tuple[list[str], Substitutions]]:
+        async with running(raw, tmp_path, count) as urls:
+            yield urls, Substitutions(urls, [n.url for n in redis3])
+
+    return start
+
+
+async def check_effect(block: Block, url: str) -> None:
+    effect = next((e for first, e in EFFECTS.items() if block.first_line.startswith(first)), None)
+    if effect is None:
+        return
+    store, key, body = effect
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/v1/stores/{store}/{key}") as response,
+    ):
+        assert response.status == 200, await response.text()
+        assert await response.read() == body
+
+
+@pytest.mark.parametrize("block", runnable("sh"), ids=lambda b: b.id)
+async def test_shell_block(block: Block, setup: Callable[[int], Any], tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
+    env.update(PYTHONPATH=str(ROOT), FENCEGATE_TEST_PYTHON=sys.executable)
+    async with setup(2 if ":8082" in block.text else 1) as (urls, subs):
+        for command, shown in shell_commands(block.text):
+            line = subs.apply(command)
+            proc = await asyncio.create_subprocess_exec(
+                "bash", "-c", SHELL_PRELUDE + line, cwd=tmp_path, env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            output = out.decode()
+            assert proc.returncode == 0, (
+                f"{block.id}: {command!r}\nran as {line!r}\nexit {proc.returncode}\n"
+                f"stdout: {output}\nstderr: {err.decode()}"
+            )
+            data = subs.learn(output)
+            if shown is not None:
+                expected = json.loads(shown)
+                assert data is not None, f"{command!r} printed no JSON: {output!r}"
+                assert set(data) == set(expected), (command, data, expected)
+                for field in ("name", "store", "key"):
+                    assert data.get(field) == expected.get(field), (command, data, expected)
+        await check_effect(block, urls[0])
+
+
+@pytest.mark.parametrize("block", runnable("python"), ids=lambda b: b.id)
+async def test_python_block(block: Block, setup: Callable[[int], Any]) -> None:
+    async with setup(1) as (urls, subs):
+        code = compile(subs.apply(block.text), block.id, "exec",
+                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # fmt: skip
+        result = eval(code, {"__name__": "docs_example"})
+        if inspect.iscoroutine(result):
+            await asyncio.wait_for(result, 60)
+        assert subs.seen, f"{block.id} names no address of the test setup"
+        await check_effect(block, urls[0])
+
+
+@pytest.mark.parametrize("block", runnable("toml"), ids=lambda b: b.id)
+def test_toml_block_passes_check_config(block: Block, tmp_path: Path) -> None:
+    config = tomllib.loads(block.text)
+    tls = config.get("tls")
+    if tls is not None:  # the block names files; make them real (a self-signed pair)
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+             "/CN=127.0.0.1", "-keyout", str(tmp_path / tls["key"]),
+             "-out", str(tmp_path / tls["cert"])],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    (tmp_path / "fencegate.toml").write_text(block.text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", "fencegate.toml"],
+        cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{block.id}: {proc.stdout}{proc.stderr}"
+
+
+async def test_readme_api_key_can_take_the_fence_lock_of_every_key_it_may_write(
+    aiohttp_client: Any,
+    redis3: list[RedisNode],
+    pg_dsn: str,
+    pg_schema: str,
+    legacy_table: str,
+    tmp_path: Path,
+) -> None:
+    secret = "readme-example-key"
+    (key,) = readme_config()["auth"]["keys"]
+    raw = gateway_config(redis3, pg_dsn, pg_schema, tmp_path / "files")
+    raw["auth"] = {"keys": [{**key, "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
+    client = await aiohttp_client(create_app(parse_config(raw), registry=CollectorRegistry()))
+    bearer = {"Authorization": f"Bearer {secret}"}
+    assert {"lock", "write"} <= set(key["verbs"])
+    assert key["stores"]
+    for prefix in key["stores"]:
+        store, _, under = prefix.partition("/")
+        name = f"{under}example-1"
+        legacy = "table" in raw["stores"][store]
+        grant = await client.post(f"/v1/locks/{store}/{name}", json={"ttl_ms": 5000},
+                                  headers=bearer)  # fmt: skip
+        assert grant.status == 200, (prefix, await grant.text())
+        token = (await grant.json())["token"]
+        body = json.dumps({"balance": "1.50", "note": "n"}).encode() if legacy else b"x"
+        written = await client.put(f"/v1/stores/{store}/{name}", data=body,
+                                   headers={**bearer, "X-Fencing-Token": str(token)})  # fmt: skip
+        assert written.status == 200, (prefix, await written.text())
