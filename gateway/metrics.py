@@ -61,8 +61,12 @@ NAMESPACE: Final = "fencegate"
 NODE_STATES: Final = tuple(state.value for state in NodeState)
 ACQUIRE_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
 RENEW_RESULTS: Final = ("ok", "lost", "error")
-RELEASE_RESULTS: Final = ("released", "lost")
-LOST_REASONS: Final = ("expired", "taken", "renew_failed")
+# The gateway releases by lease id alone, so a release it cannot do is "not_held" (a
+# retried DELETE, or a lease that expired or was taken): never a lost lease. The results
+# "expired" (release) and "renew_failed" (lost) come only from LockManager leases of a
+# Python process (LockManager.release, the lock() watchdog): not exported at 0 here.
+RELEASE_RESULTS: Final = ("released", "not_held")
+LOST_REASONS: Final = ("expired",)  # a renew (extend) found the lease gone
 QUORUM_OPERATIONS: Final = ("acquire", "extend", "release", "inspect")
 REJECT_REASONS: Final = (
     "stale_token",  # the store saw a newer token (storage_adapters)

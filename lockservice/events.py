@@ -19,13 +19,17 @@ class LockEvents(Protocol):
         """A task started (+1) or stopped (-1) waiting for a held lock."""
 
     def released(self, hold_seconds: float, result: str) -> None:
-        """A release ended: result is released or lost."""
+        """A release ended: result is released, expired (a lost lease, see lease_lost) or
+        not_held (released already, e.g. a retried request, or another lease holds it)."""
 
     def renewed(self, result: str) -> None:
         """An extend ended: result is ok, lost or error."""
 
     def lease_lost(self, reason: str) -> None:
-        """A holder learned its lease is gone: expired, taken, or renew_failed."""
+        """A holder learned its lease is gone: ``expired`` (an extend that found it gone,
+        or a release after its validity ran out) or ``renew_failed`` (the auto-renew
+        watchdog of ``LockManager.lock`` ran out of retries). A release of a lease that
+        is not held (a second release) is not a lost lease."""
 
     def node_call(self, node: str, seconds: float, ok: bool) -> None:
         """One command to one node answered (ok) or failed (error reply, timeout, down)."""

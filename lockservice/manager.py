@@ -16,6 +16,7 @@ import logging
 import random
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 _BACKOFF_FIRST = 0.05
 _BACKOFF_QUEUED = 0.25  # a queued waiter is woken by the release: polling is the fallback
 _BACKOFF_MAX = 1.0
+_RELEASED_MEMORY = 10_000  # lease ids released here, to refuse a second release of one
 
 
 def _wake_up(fut: asyncio.Future[None]) -> None:
@@ -104,6 +106,7 @@ class LockManager:
         self.max_wait = max_wait
         self.events: LockEvents = events or NoEvents()
         self._turns: dict[str, _Turn] = {}
+        self._released: OrderedDict[str, None] = OrderedDict()
         self._closed = False
 
     @classmethod
@@ -321,9 +324,19 @@ class LockManager:
     async def release(self, lease: Lease) -> None:
         """Release the lease; the release goes out even if this call is cancelled.
 
+        A lease that is not held is refused, never released twice: a second
+        release of a lease, a release of a handle whose lease the nodes no
+        longer hold (e.g. a retried HTTP ``DELETE``) or of a lease that expired.
+        Only the last is a *lost* lease (``events.lease_lost``): its holder held it
+        past its validity; the others are ``released(..., "not_held")``.
+
         Raises:
-            LeaseLost: the lease had expired (or another lease holds the lock).
+            LeaseLost: the lease had expired, was released already, or another
+                lease holds the lock.
         """
+        if lease.lease_id in self._released:
+            self.events.released(0.0, "not_held")
+            raise LeaseLost(lease.name, "it was released already")
         expired = lease.expired
         # A valid lease of ours is held by a majority: no need to wait for the answer.
         confirm = expired or lease.issuer is not self
@@ -332,10 +345,19 @@ class LockManager:
         except QuorumUnavailable:
             self.events.quorum_failed("release")
             raise
-        if expired or not released:
-            self.events.released(0.0, "lost")
+        if expired:
+            self.events.released(0.0, "expired")
             self.events.lease_lost("expired")
             raise LeaseLost(lease.name, "it had expired")
+        if not released:
+            self.events.released(0.0, "not_held")
+            raise LeaseLost(
+                lease.name, "it is not held (released already, expired, or another lease holds it)"
+            )
+        if lease.issuer is self:  # a handle's second release is answered by the nodes
+            self._released[lease.lease_id] = None
+            if len(self._released) > _RELEASED_MEMORY:
+                self._released.popitem(last=False)
         self.events.released(0.0, "released")
 
     # reading

@@ -335,7 +335,7 @@ def test_each_event_of_the_load_is_seen_by_prometheus(observed: Observed) -> Non
         "renewed": inc('fencegate_lock_renewals_total{result="ok"}'),
         "renew lost": inc('fencegate_lock_renewals_total{result="lost"}'),
         "released": inc('fencegate_lock_releases_total{result="released"}'),
-        "release lost": inc('fencegate_lock_releases_total{result="lost"}'),
+        "release not held": inc('fencegate_lock_releases_total{result="not_held"}'),
         "lease lost": inc('fencegate_leases_lost_total{reason="expired"}'),
         "quorum failures": inc('fencegate_quorum_failures_total{operation="acquire"}'),
         "http 5xx": inc('fencegate_http_requests_total{status="503"}'),
