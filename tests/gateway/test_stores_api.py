@@ -431,3 +431,29 @@ async def test_token_of_another_lock_is_403_and_the_message_says_how_to_fix_it(
     assert named.status == 200, await named.text()
     own = await take(client, "files/orders/43")
     assert (await put(client, "files", "orders/43", "paid", own["token"])).status == 200
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_store_serves_the_content_type_of_the_last_write(
+    client: Client, kind: str
+) -> None:
+    # curl -d sends application/x-www-form-urlencoded; a write without any type is
+    # served as application/octet-stream; a legacy table's rows are JSON documents.
+    grant = await take(client, f"{kind}/typed")
+    form = "application/x-www-form-urlencoded"
+    written = await put(client, kind, "typed", "one", grant["token"], **{"Content-Type": form})
+    assert written.status == 200, await written.text()
+    fenced = {"X-Fencing-Token": str(grant["token"])}
+    for headers in ({}, fenced):
+        got = await client.get(f"/v1/stores/{kind}/typed", headers=headers)
+        assert got.status == 200
+        assert got.headers["Content-Type"] == ("application/json" if kind == "legacy" else form)
+    untyped = await client.put(
+        f"/v1/stores/{kind}/typed", data=encode(kind, "two"), headers=fenced,
+        skip_auto_headers=["Content-Type"],
+    )  # fmt: skip
+    assert untyped.status == 200, await untyped.text()
+    got = await client.get(f"/v1/stores/{kind}/typed")
+    assert decode(kind, await got.read()) == "two"
+    expected = "application/json" if kind == "legacy" else "application/octet-stream"
+    assert got.headers["Content-Type"].partition(";")[0] == expected
