@@ -429,6 +429,11 @@ async def test_token_of_another_lock_is_403_and_the_message_says_how_to_fix_it(
     named = await put(client, "files", "orders/42", "paid", grant["token"],
                       **{"X-Fencing-Lock": "orders/42"})  # fmt: skip
     assert named.status == 200, await named.text()
+    elsewhere = await put(client, "files", "orders/42", "x", grant["token"],
+                          **{"X-Fencing-Lock": "never/taken"})  # fmt: skip
+    body = await error(elsewhere, 403, "token_not_issued")
+    assert "'never/taken'" in body["message"], body
+    assert "X-Fencing-Lock" in body["message"], body
     own = await take(client, "files/orders/43")
     assert (await put(client, "files", "orders/43", "paid", own["token"])).status == 200
 
