@@ -119,6 +119,22 @@ async def test_openapi_document_is_valid_openapi_3_1(client: Client) -> None:
     assert errors == []
 
 
+async def test_acquire_and_renew_answers_match_their_openapi_schemas(client: Client) -> None:
+    from jsonschema import Draft202012Validator
+
+    schemas = (await (await client.get("/v1/openapi.json")).json())["components"]["schemas"]
+    for name in ("Grant", "Renewal"):  # every field documented, and required
+        Draft202012Validator.check_schema(schemas[name])
+        assert {"ttl_ms", "valid_ms"} <= set(schemas[name]["required"])
+    response = await client.post("/v1/locks/documented", json={"ttl_ms": 2000})
+    grant = await response.json()
+    renew_body = {"lease_id": grant["lease_id"], "ttl_ms": 3000}
+    renewal = await (await client.post("/v1/locks/documented/renew", json=renew_body)).json()
+    for schema, answer in ((schemas["Grant"], grant), (schemas["Renewal"], renewal)):
+        assert set(answer) == set(schema["properties"]), answer
+        Draft202012Validator(schema).validate(answer)
+
+
 async def test_openapi_documents_every_error_code_and_header(client: Client) -> None:
     doc = await (await client.get("/v1/openapi.json")).json()
     text = str(doc)
