@@ -262,8 +262,8 @@ def _not_issued_hint(request: web.Request, scope: str) -> str:
     if LOCK_HEADER in request.headers:
         return f"send a token of lock {scope!r}, the lock {LOCK_HEADER} names"
     return (
-        f"a key is fenced by the lock {scope!r} (its store/key): take that lock, "
-        f"or send {LOCK_HEADER}: <name> with the token of the lock you hold"
+        f"a key is fenced by the lock {scope!r} (its store/key): take that lock, or name "
+        f"the lock you hold in {LOCK_HEADER} (fencegate put --lock, client lock=)"
     )
 
 
