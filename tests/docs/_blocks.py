@@ -78,7 +78,7 @@ class Substitutions:
     """The docs' addresses and sample values -> those of this test run."""
 
     gateways: list[str]  # base URLs: the first stands for :8080 and :8081, the second :8082
-    redis: list[str]  # node URLs for redis://127.0.0.1:7101..7103
+    redis: list[str]  # node URLs for redis://127.0.0.1:7101..7103 (none: not substituted)
     token: str | None = None
     lease_id: str | None = None
     seen: list[str] = field(default_factory=list)  # every substitution made, for messages
@@ -92,8 +92,9 @@ class Substitutions:
             ("127.0.0.1:8081", first),
             ("127.0.0.1:8082", second),
         ]
-        pairs += [(f"redis://127.0.0.1:{p}", u) for p, u in zip(DOC_REDIS_PORTS, self.redis,
-                                                                 strict=True)]  # fmt: skip
+        if self.redis:
+            ports = DOC_REDIS_PORTS
+            pairs += [(f"redis://127.0.0.1:{p}", u) for p, u in zip(ports, self.redis, strict=True)]
         if self.token is not None:
             pairs += [(SAMPLE_TOKEN, self.token), ("<token>", self.token)]
         if self.lease_id is not None:

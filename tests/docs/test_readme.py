@@ -33,7 +33,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
-from gateway.config import parse_config
+from gateway.config import DEFAULT_STORES, parse_config
 from tests._servers import RedisNode
 from tests.docs._blocks import ROOT, Block, Substitutions, all_blocks, blocks, shell_commands
 from tests.faults.test_gateway_two_processes import gateways, http_session
@@ -130,42 +130,69 @@ async def check_effect(block: Block, url: str) -> None:
         assert await response.read() == body
 
 
-@pytest.mark.parametrize("block", runnable("sh"), ids=lambda b: b.id)
-async def test_shell_block(block: Block, setup: Callable[[int], Any], tmp_path: Path) -> None:
+async def run_shell(block: Block, subs: Substitutions, workdir: Path) -> None:
+    """Each command line of ``block``, with the docs' values substituted, exit 0 each."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
     env.update(PYTHONPATH=str(ROOT), FENCEGATE_TEST_PYTHON=sys.executable)
+    for command, shown in shell_commands(block.text):
+        line = subs.apply(command)
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", SHELL_PRELUDE + line, cwd=workdir, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        output = out.decode()
+        assert proc.returncode == 0, (
+            f"{block.id}: {command!r}\nran as {line!r}\nexit {proc.returncode}\n"
+            f"stdout: {output}\nstderr: {err.decode()}"
+        )
+        data = subs.learn(output)
+        if shown is not None:
+            expected = json.loads(shown)
+            assert data is not None, f"{command!r} printed no JSON: {output!r}"
+            assert set(data) == set(expected), (command, data, expected)
+            for field in ("name", "store", "key"):
+                assert data.get(field) == expected.get(field), (command, data, expected)
+
+
+async def run_python(block: Block, subs: Substitutions) -> None:
+    """``block`` as a module whose top level may ``await``, within a minute."""
+    code = compile(subs.apply(block.text), block.id, "exec",
+                   flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # fmt: skip
+    result = eval(code, {"__name__": "docs_example"})
+    if inspect.iscoroutine(result):
+        await asyncio.wait_for(result, 60)
+    assert subs.seen, f"{block.id} names no address of the test setup"
+
+
+@pytest.mark.parametrize("block", runnable("sh"), ids=lambda b: b.id)
+async def test_shell_block(block: Block, setup: Callable[[int], Any], tmp_path: Path) -> None:
     async with setup(2 if ":8082" in block.text else 1) as (urls, subs):
-        for command, shown in shell_commands(block.text):
-            line = subs.apply(command)
-            proc = await asyncio.create_subprocess_exec(
-                "bash", "-c", SHELL_PRELUDE + line, cwd=tmp_path, env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )  # fmt: skip
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-            output = out.decode()
-            assert proc.returncode == 0, (
-                f"{block.id}: {command!r}\nran as {line!r}\nexit {proc.returncode}\n"
-                f"stdout: {output}\nstderr: {err.decode()}"
-            )
-            data = subs.learn(output)
-            if shown is not None:
-                expected = json.loads(shown)
-                assert data is not None, f"{command!r} printed no JSON: {output!r}"
-                assert set(data) == set(expected), (command, data, expected)
-                for field in ("name", "store", "key"):
-                    assert data.get(field) == expected.get(field), (command, data, expected)
+        await run_shell(block, subs, tmp_path)
         await check_effect(block, urls[0])
 
 
 @pytest.mark.parametrize("block", runnable("python"), ids=lambda b: b.id)
 async def test_python_block(block: Block, setup: Callable[[int], Any]) -> None:
     async with setup(1) as (urls, subs):
-        code = compile(subs.apply(block.text), block.id, "exec",
-                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # fmt: skip
-        result = eval(code, {"__name__": "docs_example"})
-        if inspect.iscoroutine(result):
-            await asyncio.wait_for(result, 60)
-        assert subs.seen, f"{block.id} names no address of the test setup"
+        await run_python(block, subs)
+        await check_effect(block, urls[0])
+
+
+ZERO_CONFIG = [b for b in runnable("sh") + runnable("python")
+               if b.file == "README.md" and ":8080" in b.text]  # fmt: skip
+
+
+@pytest.mark.parametrize("block", ZERO_CONFIG, ids=lambda b: b.id)
+async def test_readme_http_block_on_the_zero_config_gateway(block: Block, tmp_path: Path) -> None:
+    # What ./dev serve runs: no config, so the in-process lock backend and the default
+    # files store under ./fencegate-data (written out: the helper always passes a file).
+    async with running({"stores": DEFAULT_STORES}, tmp_path, 1) as urls:
+        subs = Substitutions(urls, [])
+        if block.lang == "sh":
+            await run_shell(block, subs, tmp_path)
+        else:
+            await run_python(block, subs)
         await check_effect(block, urls[0])
 
 
