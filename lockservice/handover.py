@@ -1,17 +1,12 @@
 """Grants that releases hand to a queued waiter, collected until they make a lease.
 
-When a lock is released while waiters are queued, each node grants it to its
-earliest waiter inside the release script and publishes the token on that
-waiter's process channel (``release.lua``): the waiter holds the lock one
-message after the release, without a round trip of its own. Each node decides
-alone, so the grants of one waiter arrive one by one, and only a quorum of
-grants that are still valid makes a lease.
-
-A waiter cannot know when a node made a grant, only a lower bound: a node that
-answered one of its tries "held" or "queued" made any grant it holds now after
-running that try, so after the try was sent. A handed-over grant's validity
-counts from the send time of the last such try (at worst from the first try
-of the acquire), so it never ends after the lock on that node does.
+The waiter's side of the hand-over (R9, ``protocol.py``): each node hands
+over alone, so a waiter's grants arrive one by one, and only a quorum of
+grants that are still valid makes a lease (R3, R5). ``Pending`` applies the
+rules that keep an old or given-up grant from counting: validity from the
+last refused try (R10), messages older than an answer (R11) or a confirmation
+(R12) ignored, nothing counted from a node while an undo to it is unanswered
+(R14). ``Handovers`` routes this process's messages and late answers to them.
 """
 
 from __future__ import annotations
@@ -42,12 +37,9 @@ class Grant:
 class Pending:
     """One queued acquire: what each node granted it, and since when at the latest.
 
-    Nothing a node says counts while an undo sent to it is unanswered: the undo
-    may give the grant away, and its answer (on the command connection, after
-    everything sent before it) says what the node did. Hand-over messages come
-    on another connection, in no fixed order with those answers, so a message
-    is checked against what the answers said: a token the node gave up, or one
-    not above its counter when it last said "queued", is an old message.
+    Answers come on the command connection in order; hand-over messages on
+    another connection, in no fixed order with them: a message is checked
+    against what the answers said (R11, R12, R14).
     """
 
     __slots__ = (
@@ -86,7 +78,7 @@ class Pending:
             self.grants[node] = grant
 
     def refused(self, node: int, sent: float, counter: int) -> None:
-        """The node answered "held" or "queued" to a try sent at ``sent``.
+        """R10, R11: the node answered "held" or "queued" to a try sent at ``sent``.
 
         It holds nothing for this waiter now, and any hand-over it makes later
         counts above ``counter``: a message with a token up to it is older.
@@ -103,7 +95,7 @@ class Pending:
             self.seen[node] = counter
 
     def granted(self, node: int, token: int, sent: float) -> None:
-        """The node granted (or confirmed a hand-over) in answer to a try sent at ``sent``.
+        """R12: the node granted (or confirmed a hand-over) to a try sent at ``sent``.
 
         A confirmation issues the grant anew: any message with a lower token is older.
         """
@@ -112,7 +104,7 @@ class Pending:
         self._record(node, Grant(token, max(sent, self.floors[node])))
 
     def handed(self, node: int, token: int) -> None:
-        """A release on the node handed the lock over with ``token``."""
+        """R9-R11, R14: a release on the node handed the lock over with ``token``."""
         self.queued = True
         if (node, token) in self.given_up or token <= self.seen[node] or node in self.suspect:
             return  # older than an answer that said it is given away, or may be
@@ -126,7 +118,7 @@ class Pending:
         self._record(node, Grant(token, since))
 
     def park(self) -> dict[int, int]:
-        """Undos are on their way to the nodes that granted: none of those grants
+        """R14: undos are on their way to the nodes that granted: none of those grants
         counts until its node answers. Returns the grants to undo, node → token."""
         named = {node: grant.token for node, grant in self.grants.items()}
         for node, grant in self.grants.items():

@@ -1,18 +1,10 @@
 """Bringing a restarted (or new) Redis node back into quorums without token reuse.
 
-A node takes part in quorums only while ``fencegate:synced`` holds its token
-base *and its current run_id*, and no ``fencegate:quarantine`` key exists: the
-acquire script checks both against the run_id the caller read on connect, so
-every process and every gateway replica sees the same state, and a restart
-(even one that reloads an old snapshot with an old marker) unsyncs the node.
-
-An unsynced node may have lost or rolled back its ``fence:*`` counters. Before
-it counts again its counters are raised to the maximum found on the other
-nodes: on ``N - Q + 1`` synced nodes, so that every quorum of an earlier grant
-is covered; failing that, when a quorum answers, on every node that answers,
-with a token base from the wall clock above all of them. It is then
-quarantined for the longest TTL, so that no lease it forgot can be granted
-twice. Only a cluster without any counter yet (new) skips the quarantine.
+R17-R19 of ``protocol.py``: a node counts only while its synced marker names
+its current run id; an unsynced node's counters are raised from N - Q + 1
+synced nodes (or, when a majority restarted, from every node that answers with
+a wall-clock base), then it is quarantined for the longest TTL. Only a
+cluster without any counter yet (new) skips the quarantine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
---[[ acquire: take lock:{name} for lease_id and issue the next token.
+--[[ acquire: take lock:{name} for lease_id and issue the next token (R1, R8, R12, R17).
   KEYS[1] lock:{name}   KEYS[2] fence:{name}   KEYS[3] fencegate:synced
   KEYS[4] fencegate:quarantine   KEYS[5] waitq:{name}   KEYS[6] waitx:{name}
   KEYS[7] waitt:{name}

@@ -1,4 +1,4 @@
---[[ extend: push back the expiry of lock:{name} if lease_id still holds it.
+--[[ extend: push back the expiry of lock:{name} if lease_id still holds it (R6).
   KEYS[1] lock:{name}  ARGV[1] lease_id  ARGV[2] ttl (ms)
   Returns the lease's token when extended, 0 when the lock is absent or held by
   another lease. Never re-creates an expired lock: that would hand a lost lease

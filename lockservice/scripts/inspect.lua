@@ -1,4 +1,4 @@
---[[ inspect: the state of one lock, for status and the forged-token guard.
+--[[ inspect: the state of one lock, for status and the forged-token guard (R17).
   KEYS[1] lock:{name}  KEYS[2] fence:{name}  KEYS[3] fencegate:synced
   ARGV[1] the node's run_id as the caller read it when it connected
   Returns {holder token or 0, pttl or 0, counter or 0}; never the lease_id.

@@ -1,4 +1,4 @@
---[[ mark_synced: finish a resync: record the token base for this run, then quarantine.
+--[[ mark_synced: finish a resync: record the token base for this run, then quarantine (R17, R19).
   KEYS[1] fencegate:synced  KEYS[2] fencegate:quarantine
   ARGV[1] token base  ARGV[2] quarantine (ms, 0 for none)  ARGV[3] the node's run_id
   Returns 1, or 0 when another process already synced the node in this run (then

@@ -1,4 +1,4 @@
---[[ queue: helpers shared by acquire.lua and release.lua, put in front of each when
+--[[ queue: helpers shared by acquire.lua, release.lua, undo.lua and state.lua, put in front of each when
   the scripts are loaded (a script cannot call another one).
   A name's waiters live in three keys: waitq:{name} (score: ticket, the waiter's
   arrival time, the same on every node), waitx:{name} (score: the time a waiter

@@ -1,4 +1,4 @@
---[[ raise_fence: fence:{name} = max(current, token); record it in the lease's lock value.
+--[[ raise_fence: fence:{name} = max(current, token); record it in the lease's lock value (R4, R16).
   KEYS[1] fence:{name}  KEYS[2] lock:{name}  ARGV[1] token
   ARGV[2] lease_id ('' raises the counter alone: a node that ran ahead evens the rest)
   Returns the counter after the raise, or 0 when another lease holds the lock here.

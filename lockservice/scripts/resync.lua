@@ -1,4 +1,4 @@
---[[ resync: raise many counters on a node that lost its data (batch of a resync).
+--[[ resync: raise many counters on a node that lost its data (a batch of a resync, R18).
   KEYS[1..n] fence:{name} keys  ARGV[1..n] the highest counter seen on the other nodes
   Returns the number of counters raised. ]]
 local raised = 0
