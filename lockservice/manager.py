@@ -27,6 +27,7 @@ from lockservice.lease import Lease, LockInfo, validate_name, validate_ttl
 from lockservice.memory import MemoryBackend
 from lockservice.redlock import Redlock
 from lockservice.renew import Renewal, hold
+from lockservice.turns import Turns, Wait
 
 __all__ = ["LockManager"]
 
@@ -41,45 +42,6 @@ _RELEASED_MEMORY = 10_000  # lease ids released here, to refuse a second release
 def _wake_up(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-class _Turn:
-    """A FIFO turn per name: one local task at a time contends in the backend."""
-
-    __slots__ = ("lock", "users")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.users = 0
-
-
-class _Wait:
-    """One acquire's time spent waiting, reported once to metrics and the observer."""
-
-    __slots__ = ("active", "manager", "name", "start")
-
-    def __init__(self, manager: LockManager, name: str, start: float) -> None:
-        self.manager = manager
-        self.name = name
-        self.start = start
-        self.active = False
-
-    def begin(self) -> None:
-        if not self.active:
-            self.active = True
-            self.manager.events.waiting(+1)
-            if self.manager.observer is not None:
-                self.manager.observer.started_waiting(self.name)
-
-    def end(self, *, timed_out: bool) -> None:
-        if self.active:
-            self.active = False
-            self.manager.events.waiting(-1)
-            observer = self.manager.observer
-            if observer is not None:
-                observer.stopped_waiting(self.name)
-                waited = time.perf_counter() - self.start
-                observer.record(self.name, waited, timed_out=timed_out)
 
 
 class LockManager:
@@ -105,7 +67,7 @@ class LockManager:
         self.max_ttl = max_ttl
         self.max_wait = max_wait
         self.events: LockEvents = events or NoEvents()
-        self._turns: dict[str, _Turn] = {}
+        self._turns = Turns()
         self._released: OrderedDict[str, None] = OrderedDict()
         self._closed = False
 
@@ -185,11 +147,8 @@ class LockManager:
         lease_id = secrets.token_hex(16)
         ticket = f"{time.time() * 1000:.3f}" if wait else ""  # place in the remote queue
         result = "cancelled"
-        turn = self._turns.get(name)
-        if turn is None:
-            turn = self._turns[name] = _Turn()
-        turn.users += 1
-        waited = _Wait(self, name, start)
+        turn = self._turns.join(name)
+        waited = Wait(self.events, self.observer, name, start)
         try:
             if turn.lock.locked() or turn.users > 1:
                 waited.begin()  # behind other local tasks asking for the same name
@@ -198,12 +157,12 @@ class LockManager:
             else:
                 await turn.lock.acquire()  # free: no timer needed
         except TimeoutError:
-            self._leave(name, turn)
+            self._turns.leave(name, turn)
             waited.end(timed_out=True)
             self.events.acquire_done("held", time.perf_counter() - start)
             raise LockHeld(name, retry_after=0.0) from None
         except BaseException:
-            self._leave(name, turn)
+            self._turns.leave(name, turn)
             waited.end(timed_out=False)
             raise
         try:
@@ -219,17 +178,12 @@ class LockManager:
             raise
         finally:
             turn.lock.release()
-            self._leave(name, turn)
+            self._turns.leave(name, turn)
             waited.end(timed_out=result == "held")
             self.events.acquire_done(result, time.perf_counter() - start)
 
-    def _leave(self, name: str, turn: _Turn) -> None:
-        turn.users -= 1
-        if turn.users == 0 and self._turns.get(name) is turn:
-            del self._turns[name]
-
     async def _contend(
-        self, name: str, lease_id: str, ttl: float, deadline: float, ticket: str, waited: _Wait
+        self, name: str, lease_id: str, ttl: float, deadline: float, ticket: str, waited: Wait
     ) -> Lease:
         loop = asyncio.get_running_loop()
         backend = self._backend

@@ -1,0 +1,75 @@
+"""Per-name FIFO turns inside one process, and the accounting of time spent waiting.
+
+Within one process, tasks contend for a name one at a time in arrival order,
+so fifty local waiters cost Redis one contender, and a task that releases and
+re-acquires at once queues behind those already waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from lockservice.events import ContentionObserver, LockEvents
+
+__all__ = ["Turn", "Turns", "Wait"]
+
+
+class Turn:
+    """One name's turn: one local task at a time contends in the backend."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class Turns:
+    """The turns of the names some local task is acquiring; forgotten when unused."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, Turn] = {}
+
+    def join(self, name: str) -> Turn:
+        turn = self._turns.get(name)
+        if turn is None:
+            turn = self._turns[name] = Turn()
+        turn.users += 1
+        return turn
+
+    def leave(self, name: str, turn: Turn) -> None:
+        turn.users -= 1
+        if turn.users == 0 and self._turns.get(name) is turn:
+            del self._turns[name]
+
+
+class Wait:
+    """One acquire's time spent waiting, reported once to metrics and the observer."""
+
+    __slots__ = ("active", "events", "name", "observer", "start")
+
+    def __init__(
+        self, events: LockEvents, observer: ContentionObserver | None, name: str, start: float
+    ) -> None:
+        self.events = events
+        self.observer = observer
+        self.name = name
+        self.start = start  # time.perf_counter()
+        self.active = False
+
+    def begin(self) -> None:
+        if not self.active:
+            self.active = True
+            self.events.waiting(+1)
+            if self.observer is not None:
+                self.observer.started_waiting(self.name)
+
+    def end(self, *, timed_out: bool) -> None:
+        if self.active:
+            self.active = False
+            self.events.waiting(-1)
+            if self.observer is not None:
+                self.observer.stopped_waiting(self.name)
+                waited = time.perf_counter() - self.start
+                self.observer.record(self.name, waited, timed_out=timed_out)
