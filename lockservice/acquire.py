@@ -21,7 +21,7 @@ from lockservice.fanout import Decider, Rounds
 from lockservice.handover import Handovers, Pending
 from lockservice.health import Health
 from lockservice.node import Node
-from lockservice.protocol import KEEPALIVE_MS, fence_key, lock_key, lock_keys
+from lockservice.protocol import KEEPALIVE_MS, AttemptState, fence_key, lock_key, lock_keys
 from lockservice.replies import (
     AcquireReply,
     Failure,
@@ -98,6 +98,7 @@ class Acquirer:
             ready = pending.lease(self.quorum, start)
             if ready is not None:  # releases handed it over: no round trip (R9)
                 return await self._grant(name, lease_id, ticket, pending, ready)
+            pending.move(AttemptState.TRYING)
         elif ticket:
             pending = self._handovers.open(lease_id, Pending(name, len(self.nodes), ttl, start))
         else:  # a try without waiting: this try's grants alone
@@ -139,10 +140,13 @@ class Acquirer:
             # one that too few nodes answer gives them up, or it would block the lock.
             self._undo(name, lease_id, ticket, pending, give_up=usable < self.quorum)
         if granted >= self.quorum:
+            pending.move(AttemptState.QUEUED)
             return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
         if busy and granted + len(busy) >= self.quorum:
             # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
+            pending.move(AttemptState.QUEUED)
             return Attempt(0, 0.0, max(busy) / 1000)
+        pending.move(AttemptState.FAILED)
         return self._rounds.unavailable(name, rnd, _is_granted)
 
     async def _grant(
@@ -156,14 +160,18 @@ class Acquirer:
         """A quorum of valid grants: round 2 if their tokens differ (R4), then the lease."""
         token, valid_until, agreed = ready
         if not agreed:
+            pending.move(AttemptState.RAISING)
             failed = await self._raise_fence(name, lease_id, token)
             if failed is not None:
                 self._undo(name, lease_id, ticket, pending, give_up=True)
+                pending.move(AttemptState.FAILED)
                 return failed
             pending.retoken(token)  # so that an undo below names what the nodes hold
         if valid_until <= asyncio.get_running_loop().time():
             self._undo(name, lease_id, ticket, pending)
+            pending.move(AttemptState.QUEUED)
             return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
+        pending.move(AttemptState.GRANTED)
         self._handovers.close(lease_id, token)
         return Attempt(token, valid_until, 0.0)
 

@@ -12,16 +12,19 @@ last refused try (R10), messages older than an answer (R11) or a confirmation
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from lockservice.cleanup import Cleanups
-from lockservice.protocol import drift
+from lockservice.protocol import ATTEMPT_TRANSITIONS, AttemptState, drift
 from lockservice.replies import Granted, Held, parse_acquire, parse_count
 from lockservice.resp import Reply
 from lockservice.waiters import Waiters
 
 __all__ = ["Grant", "Handovers", "Pending"]
+
+log = logging.getLogger(__name__)
 
 _RECENT = 4096  # granted leases remembered, for grants handed over after the decision
 
@@ -51,6 +54,7 @@ class Pending:
         "parked",
         "queued",
         "seen",
+        "state",
         "suspect",
         "ttl",
         "undoing",
@@ -68,6 +72,14 @@ class Pending:
         self.seen = [0] * nodes  # per node: its counter when it last said "queued"
         self.suspect: set[int] = set()  # nodes an undo may have reached unseen
         self.nudge_due = False  # a try is due if the rest of a hand-over does not come
+        self.state = AttemptState.TRYING
+
+    def move(self, to: AttemptState) -> None:
+        """Enter state ``to``; a move ``ATTEMPT_TRANSITIONS`` does not allow is a bug."""
+        if to is not self.state and to not in ATTEMPT_TRANSITIONS[self.state]:
+            log.error("lock protocol bug: attempt on %r moved %s -> %s", self.name,
+                      self.state.value, to.value)  # fmt: skip
+        self.state = to
 
     def _record(self, node: int, grant: Grant) -> None:
         if self.undoing[node]:
@@ -200,6 +212,8 @@ class Handovers:
     def close(self, lease_id: str, token: int = 0) -> None:
         """The acquire is over: granted with ``token``, or given up (0)."""
         pending = self._pending.pop(lease_id, None)
+        if pending is not None and not token:
+            pending.move(AttemptState.ABANDONED)
         if token and pending is not None and pending.queued:
             # a node that queued it may still hand it over: remember the real token
             if len(self._recent) >= _RECENT:

@@ -97,7 +97,9 @@ import enum
 from typing import Final
 
 __all__ = [
+    "ATTEMPT_TRANSITIONS",
     "KEEPALIVE_MS",
+    "NODE_TRANSITIONS",
     "QUARANTINE_KEY",
     "RELEASE_CHANNEL",
     "SYNCED_KEY",
@@ -172,16 +174,18 @@ NODE_TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
 
 
 class AttemptState(enum.StrEnum):
-    """The life of one acquire (one lease id) in one process.
+    """The life of one acquire (one lease id) in one process (``handover.Pending``).
 
     TRYING -> GRANTED            a quorum of valid grants with one token (R3, R5)
     TRYING -> RAISING -> GRANTED tokens differed: round 2 acked by Q nodes (R4)
-    TRYING -> QUEUED             held or queued behind an earlier waiter (R8);
-                                 grants it holds are undone or kept (R13-R15)
+    TRYING -> QUEUED             held, queued behind an earlier waiter (R8), or the
+                                 grants ran out on the way; grants it holds are
+                                 undone or kept (R13-R15)
     QUEUED -> TRYING             woken by a release, a nudge or the poll timer
-    QUEUED -> GRANTED / RAISING  Q hand-overs arrived (R9-R12)
-    any    -> FAILED             no quorum answered: undone, QuorumUnavailable
-    any    -> ABANDONED          wait ran out or the caller was cancelled: undone (R7)
+    QUEUED -> RAISING / GRANTED  Q hand-overs arrived (R9-R12)
+    TRYING / RAISING -> FAILED   no quorum answered: undone, QuorumUnavailable
+    FAILED -> TRYING             retried once after a resync wait
+    any but GRANTED -> ABANDONED wait ran out or the caller was cancelled: undone (R7)
     """
 
     TRYING = "trying"
@@ -192,29 +196,12 @@ class AttemptState(enum.StrEnum):
     ABANDONED = "abandoned"
 
 
+_A = AttemptState
 ATTEMPT_TRANSITIONS: Final[dict[AttemptState, frozenset[AttemptState]]] = {
-    AttemptState.TRYING: frozenset(
-        {
-            AttemptState.GRANTED,
-            AttemptState.RAISING,
-            AttemptState.QUEUED,
-            AttemptState.FAILED,
-            AttemptState.ABANDONED,
-        }
-    ),
-    AttemptState.RAISING: frozenset(
-        {AttemptState.GRANTED, AttemptState.FAILED, AttemptState.ABANDONED}
-    ),
-    AttemptState.QUEUED: frozenset(
-        {
-            AttemptState.TRYING,
-            AttemptState.RAISING,
-            AttemptState.GRANTED,
-            AttemptState.FAILED,
-            AttemptState.ABANDONED,
-        }
-    ),
-    AttemptState.GRANTED: frozenset(),
-    AttemptState.FAILED: frozenset(),
-    AttemptState.ABANDONED: frozenset(),
+    _A.TRYING: frozenset({_A.GRANTED, _A.RAISING, _A.QUEUED, _A.FAILED, _A.ABANDONED}),
+    _A.RAISING: frozenset({_A.GRANTED, _A.QUEUED, _A.FAILED, _A.ABANDONED}),
+    _A.QUEUED: frozenset({_A.TRYING, _A.RAISING, _A.GRANTED, _A.ABANDONED}),
+    _A.FAILED: frozenset({_A.TRYING, _A.ABANDONED}),
+    _A.GRANTED: frozenset(),
+    _A.ABANDONED: frozenset(),
 }

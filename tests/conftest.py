@@ -80,3 +80,11 @@ async def pg_schema() -> AsyncIterator[str]:
 @pytest.fixture
 def pg_dsn() -> str:
     return PG_DSN
+
+
+@pytest.fixture(autouse=True)
+def _no_lock_protocol_bug(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Every test fails if an acquire moved between states protocol.py does not allow."""
+    yield
+    bugs = [r.getMessage() for r in caplog.records if "lock protocol bug" in r.getMessage()]
+    assert not bugs, bugs
