@@ -42,10 +42,7 @@ class QuorumUnavailable(LockServiceError):
 
     def __init__(self, name: str, node_errors: Mapping[str, str], needed: int, nodes: int) -> None:
         summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items())
-        super().__init__(
-            f"no quorum for {name!r}: {needed} of {nodes} nodes needed, "
-            f"{nodes - len(node_errors)} answered; {summary}"
-        )
+        super().__init__(f"no quorum for {name!r}: {needed} of {nodes} nodes needed; {summary}")
         self.name = name
         self.node_errors = dict(node_errors)
         self.needed = needed

@@ -40,15 +40,16 @@ class Round(Generic[T]):
         return sum(r is not None and good(r) for r in self.replies)
 
     def errors(self, good: Callable[[T], bool]) -> dict[str, str]:
-        """Why each node that did not answer ``good`` failed, by node label."""
+        """Why each node that did not answer ``good`` failed, by node label.
+
+        A node that had not answered when the others decided the round is no
+        failure and is left out; one that had not answered by the timeout is.
+        """
         out = {}
         for label, reply in zip(self.labels, self.replies, strict=True):
             if reply is None:
-                out[label] = (
-                    f"no reply within the node timeout ({self.timeout:g} s)"
-                    if self.timed_out
-                    else "had not answered when the others decided"
-                )
+                if self.timed_out:
+                    out[label] = f"no reply within the node timeout ({self.timeout:g} s)"
             elif isinstance(reply, Failure):
                 out[label] = reply.reason
             elif not good(reply):

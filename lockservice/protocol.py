@@ -89,6 +89,45 @@ R19 A resynced node is quarantined for ``max_ttl``: it grants nothing until
     every lease it may have forgotten expired (``mark_synced.lua``).        [I1]
 R20 A node whose ``maxmemory-policy`` is not ``noeviction`` never counts: it
     could evict counters or live locks (``node``).                          [I2]
+
+Where each rule is checked (test functions under ``tests/``, ``test_`` left
+out; ``tests/model`` adds a counterexample for each rule it can switch off):
+
+R1  lockservice/test_scripts: acquire_grants_and_issues_token_above_base
+R2  test_scripts: acquire_counts_up_and_never_below_an_existing_counter,
+    resync_raises_counters_only_upwards; faults/test_two_gateways
+R3  lockservice/test_invariants: mutual_exclusion_and_increasing_tokens_across_
+    two_managers; test_handover: a_quorum_of_valid_grants_makes_the_lease_and_the_
+    highest_token_wins
+R4  test_scripts: raise_fence_does_not_count_a_node_another_lease_holds;
+    faults/test_node_paused: slow_node_with_a_higher_counter_never_makes_two_
+    holders_share_a_token
+R5  test_invariants: validity_is_on_the_monotonic_clock, unreleased_lease_
+    expires_after_its_ttl
+R6  test_scripts: release_only_by_owner_..., extend_only_by_owner_and_never_
+    recreates; test_invariants: only_the_owner_can_extend_or_release
+R7  faults/test_cancellation (all); lockservice/test_retry
+R8  test_waiting: local_waiters_are_served_in_arrival_order; test_scripts:
+    a_waiter_the_node_had_not_seen_takes_its_place_by_ticket, dead_waiters_...
+R9  test_handover: a_release_hands_the_lock_over_without_a_try_of_the_waiter;
+    test_scripts: release_hands_the_lock_to_the_earliest_queued_waiter
+R10 test_handover: a_handed_over_grant_counts_from_the_last_refused_try,
+    a_late_message_never_stretches_the_validity
+R11 test_handover: a_message_older_than_a_queued_answer_is_ignored
+R12 test_handover: a_hand_over_message_older_than_our_confirmation_is_ignored
+R13 test_scripts: undo_keeps_a_handed_over_grant_unless_an_earlier_waiter_is_queued
+R14 test_handover: nothing_a_node_says_counts_while_an_undo_to_it_is_unanswered,
+    a_lost_undo_answer_makes_the_node_suspect_until_a_try_answers
+R15 test_scripts: undo_breaks_a_ticket_tie_like_the_queue; test_handover:
+    waiters_split_between_nodes_are_all_served_soon
+R16 faults/test_node_paused: slow_node_with_a_higher_counter_never_makes_two_
+    holders_share_a_token
+R17 test_scripts: acquire_on_unsynced_or_quarantined_node; faults/
+    test_node_restart: token_increases_after_node_restart_with_data_loss
+R18 faults/test_node_restart: without_resync_a_restarted_node_reissues_tokens,
+    a_gateway_whose_clock_is_behind_and_cannot_reach_a_synced_node_waits
+R19 faults/test_node_restart: restarted_node_does_not_grant_a_lease_it_forgot
+R20 faults/test_node_problems: a_node_that_may_evict_keys_never_counts
 """
 
 from __future__ import annotations

@@ -65,3 +65,24 @@ async def test_a_refused_login_says_authentication_failed(
     finally:
         await mgr.close()
         node.command("AUTH", "right")
+
+
+async def test_a_node_that_may_evict_keys_never_counts(
+    own_redis3: list[RedisNode], caplog: pytest.LogCaptureFixture
+) -> None:
+    """R20: an evicting node could drop fence:* counters or live locks."""
+    for node in own_redis3[:2]:
+        node.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    mgr = await LockManager.connect([n.url for n in own_redis3], node_timeout=0.2)
+    try:
+        with pytest.raises(QuorumUnavailable, match="evicts keys") as failed:
+            await mgr.acquire("p/evict", ttl=1.0)
+        assert len(failed.value.node_errors) == 2
+        readiness = await mgr.ready()
+        assert not readiness.ready
+        assert readiness.reason.count("evicts keys (maxmemory-policy allkeys-lru)") == 2
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 2, errors
+        assert all("maxmemory-policy allkeys-lru" in e for e in errors)
+    finally:
+        await mgr.close()
