@@ -1,0 +1,111 @@
+"""``fencegate run NAME -- CMD``: run a command while holding a lock (like ``flock(1)``).
+
+The lock is taken first (exit 1 without running anything if it cannot be);
+the command then runs in a process group of its own with ``FENCEGATE_LOCK``,
+``FENCEGATE_TOKEN``, ``FENCEGATE_LEASE_ID`` and ``FENCEGATE_URL`` in its
+environment, while the lease is renewed every ttl/3. SIGINT, SIGTERM and
+SIGHUP sent to ``run`` are passed on to the command's group. When the command
+exits, the lease is released and ``run`` exits with the command's status
+(128 + N for a command killed by signal N). If the lease is lost while the
+command runs, the command's group gets SIGTERM, SIGKILL ``kill_after`` seconds
+later if it is still there, and ``run`` exits 75 (EX_TEMPFAIL): its work may
+have overlapped another holder's and should be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from gateway.client import FencegateClient, FencegateError, LeaseLost
+
+__all__ = ["LOST", "NOT_TAKEN", "run_locked"]
+
+NOT_TAKEN = 1  # the lock could not be taken: the command did not run
+LOST = 75  # EX_TEMPFAIL: the lease was lost while the command ran
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+async def run_locked(
+    client: FencegateClient,
+    name: str,
+    argv: Sequence[str],
+    *,
+    url: str,
+    ttl: float,
+    wait: float,
+    kill_after: float = 10.0,
+) -> int:
+    """Run ``argv`` under the lock ``name``; return the exit status ``run`` should have."""
+    if not argv:
+        raise ValueError("no command to run: fencegate run NAME -- CMD [ARGS...]")
+    started = False
+    status = NOT_TAKEN
+    try:
+        async with client.lock(name, ttl=ttl, wait=wait, auto_renew=True) as lease:
+            started = True
+            env = {
+                **os.environ,
+                "FENCEGATE_LOCK": name,
+                "FENCEGATE_TOKEN": str(lease.token),
+                "FENCEGATE_LEASE_ID": lease.lease_id,
+                "FENCEGATE_URL": url,
+            }
+            status = await _run(argv, env, kill_after)
+    except LeaseLost as exc:
+        if not started:
+            _say(f"lock {name!r} not taken: {exc}")
+            return NOT_TAKEN
+        _say(f"lease on {name!r} lost while the command ran ({exc}); it was stopped")
+        return LOST
+    except FencegateError as exc:
+        if not started:
+            _say(f"lock {name!r} not taken: {exc}")
+            return NOT_TAKEN
+        # the command ran under the lock; only the release failed (the lease expires)
+        _say(f"release of {name!r} failed, the lease will expire: {exc}")
+    return status
+
+
+async def _run(argv: Sequence[str], env: dict[str, str], kill_after: float) -> int:
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, start_new_session=True)
+    except OSError as exc:
+        _say(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    loop = asyncio.get_running_loop()
+    for sig in _FORWARDED:
+        loop.add_signal_handler(sig, _forward, proc.pid, sig)
+    try:
+        code = await proc.wait()
+    except asyncio.CancelledError:
+        # the renewal watchdog found the lease lost: stop the command, then let the
+        # lock's context raise LeaseLost
+        await asyncio.shield(_stop(proc, kill_after))
+        raise
+    finally:
+        for sig in _FORWARDED:
+            loop.remove_signal_handler(sig)
+    return 128 - code if code < 0 else code
+
+
+async def _stop(proc: asyncio.subprocess.Process, kill_after: float) -> None:
+    _forward(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), kill_after)
+    except TimeoutError:
+        _forward(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+
+def _forward(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _say(message: str) -> None:
+    print(f"fencegate run: {message}", file=sys.stderr)
