@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -247,8 +248,7 @@ class FencedStore(ABC):
         _validate_token(token)
 
     async def _timed(self, write: Awaitable[T]) -> T:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.perf_counter()  # the loop's clock is ms-coarse under uvloop
         ok = False
         try:
             result = await write
@@ -259,7 +259,7 @@ class FencedStore(ABC):
             raise
         finally:
             if not _cancelled():
-                self._notify_write(loop.time() - started, ok)
+                self._notify_write(time.perf_counter() - started, ok)
 
     def _notify_write(self, seconds: float, ok: bool) -> None:
         try:
