@@ -76,6 +76,8 @@ class Resyncer:
         """``check`` in a task of its own (a reconnect seen by the inbox reader)."""
         if self._closed:
             return
+        if restarted:  # at once: a resync an acquire starts meanwhile must know it
+            self._restarted.add(node.label)
         task = asyncio.create_task(
             self.check(node, restarted=restarted), name=f"fencegate-check-{node.label}"
         )
@@ -135,8 +137,9 @@ class Resyncer:
             return True  # another process resynced it
         if is_failure(mine) or node.run_id is None:
             return False
+        run_id = node.run_id  # the run this resync vouches for, whatever happens meanwhile
         if not self.enabled:
-            await self._finish(node, 0, 0)
+            await self._finish(node, run_id, 0, 0)
             return True
         others = [(n, m) for n, m in zip(self._nodes, markers, strict=True) if n is not node]
         synced = [n for n, m in others if _synced(n, m)]
@@ -144,57 +147,71 @@ class Resyncer:
         unknown = len(others) - len(reachable)  # may be synced: we cannot tell from here
         needed = len(self._nodes) - self._quorum + 1
         restarted = node.label in self._restarted
-        if (
-            len(reachable) + 1 >= self._quorum
-            and not restarted
+        if len(self._nodes) > 1 and len(synced) >= needed:
+            # R18: N - Q + 1 synced nodes share a node with every earlier quorum.
+            if not await self._any_counter([node, *synced]):
+                # ... and none has a counter: no lease was ever granted (a new cluster),
+                # so none can have been forgotten either.
+                base = max([wall_clock_base(), *(_base(m) for _, m in others)])
+                await self._finish(node, run_id, base, 0)
+                log.info("redis node %s joins a new cluster", node.label)
+            else:
+                copied = 0
+                for source in synced:
+                    copied += await self._copy(source, node)
+                base = max(_base(m) for n, m in others if n in synced)
+                await self._finish(node, run_id, base, self._quarantine_ms)
+                log.info(
+                    "redis node %s resynced (%d counters raised from %d nodes); "
+                    "quarantined for %.1f s so that no lease it lost is granted twice",
+                    node.label, copied, len(synced), self._quarantine_ms / 1000,
+                )  # fmt: skip
+        elif (
+            not any(n.label in self._restarted for n in [node, *reachable])
+            and len(reachable) + 1 >= self._quorum
+            and mine is None
+            and all(m is None for n, m in others if n in reachable)
             and not await self._any_counter([node, *reachable])
         ):
-            # A new cluster: no grant was ever made, nothing to copy or to wait for.
+            # No node that answers was ever synced or has a counter, and a quorum answers:
+            # a cluster that never granted (a majority that lost all its data looks the
+            # same: outside the guarantee). Start it here, all at once, so that the
+            # others do not wait for a node that is down.
             base = max([wall_clock_base(), *(_base(m) for _, m in others)])
-            await self._finish(node, base, 0)
-            log.info("redis node %s joins a new cluster", node.label)
-        elif len(self._nodes) > 1 and len(synced) >= needed:
-            copied = 0
-            for source in synced:
-                copied += await self._copy(source, node)
-            base = max(_base(m) for n, m in others if n in synced)
-            await self._finish(node, base, self._quarantine_ms)
-            log.info(
-                "redis node %s resynced (%d counters raised from %d nodes); quarantined "
-                "for %.1f s so that no lease it lost is granted twice",
-                node.label, copied, len(synced), self._quarantine_ms / 1000,
-            )  # fmt: skip
-        elif len(synced) + unknown >= needed:
-            # R18: enough synced nodes may exist, some just do not answer us (a partition,
-            # a pause): copying from fewer could miss a grant they saw, and a base from
-            # our wall clock is no cover if it runs behind. Wait for them, or for a
-            # process that reaches them to resync this node.
+            for peer in [node, *reachable]:
+                await self._finish(peer, peer.run_id, base, 0)
+            log.info("redis nodes %s start a new cluster",
+                     ", ".join(n.label for n in [node, *reachable]))  # fmt: skip
+        elif unknown:
+            # R18: a node that does not answer may hold counters and be synced: whether
+            # too few synced nodes exist cannot be told from here.
             log.warning(
-                "redis node %s is not synced; %d synced nodes answer, %d needed and %d do "
-                "not answer: waiting for them",
-                node.label, len(synced), needed, unknown,
+                "redis node %s is not synced and %d of the other nodes do not answer: "
+                "waiting for them, or for a gateway that reaches them, to resync it",
+                node.label, unknown,
             )  # fmt: skip
             return False
-        elif len(reachable) + 1 >= self._quorum:
-            # Too few synced nodes exist (a majority restarted): take every counter
-            # any node still has, and a base from the wall clock above them all.
+        elif not restarted and not await self._any_counter([node, *reachable]):
+            # Every node answered and none has a counter: no lease was ever granted.
+            base = max([wall_clock_base(), *(_base(m) for _, m in others)])
+            await self._finish(node, run_id, base, 0)
+            log.info("redis node %s joins a new cluster", node.label)
+        else:
+            # Every node answered and too few are synced (a majority restarted): take
+            # every counter any node still has, and a base from the wall clock above
+            # them all (a defence in depth: the majority guarantee is gone).
             copied = 0
             for source in reachable:
                 copied += await self._copy(source, node)
             base = max([wall_clock_base(), *(_base(m) for _, m in others)])
-            await self._finish(node, base, self._quarantine_ms)
+            await self._finish(node, run_id, base, self._quarantine_ms)
             log.warning(
                 "redis node %s starts a new token base above every counter left "
                 "(%d raised from %d nodes); quarantined for %.1f s",
                 node.label, copied, len(reachable), self._quarantine_ms / 1000,
             )  # fmt: skip
-        else:
-            log.warning(
-                "redis node %s is not synced and only %d other nodes answer; it stays "
-                "out of quorums",
-                node.label, len(reachable),
-            )  # fmt: skip
-            return False
+        if node.run_id != run_id:
+            return False  # it restarted again meanwhile: the marker names the old run
         self._restarted.discard(node.label)
         return True
 
@@ -239,20 +256,27 @@ class Resyncer:
             if cursor == b"0":
                 return raised
 
-    async def _finish(self, node: Node, base: int, quarantine_ms: int) -> None:
+    async def _finish(self, node: Node, run_id: str | None, base: int, quarantine_ms: int) -> None:
+        """Mark the node synced for the run ``run_id`` that the copies went to: if it
+        restarted meanwhile, the marker names the old run and vouches for nothing."""
         async with asyncio.timeout(self._timeout):
             done = await node.call(
                 scripts.MARK_SYNCED,
                 (SYNCED_KEY, QUARANTINE_KEY),
-                (base, quarantine_ms, node.run_id or ""),
+                (base, quarantine_ms, run_id or ""),
             )
         if is_failure(done):
             raise ConnectionError(f"marking {node.label} synced failed: {done!r}")
         if quarantine_ms and done == 1:
             why = f"for {quarantine_ms / 1000:.1f} s after a resync (R19)"
             self._health.set(node.index, NodeState.QUARANTINED, why)
-        else:
+        elif done == 1:
             self._health.set(node.index, NodeState.HEALTHY)
+        else:  # another process synced it in this run: its quarantine may still run
+            left = await self._ask(node, "PTTL", QUARANTINE_KEY)
+            if isinstance(left, int):
+                state = NodeState.QUARANTINED if left > 0 else NodeState.HEALTHY
+                self._health.set(node.index, state)
 
 
 def _synced(node: Node, marker: Reply) -> bool:

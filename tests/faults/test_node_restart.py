@@ -15,6 +15,7 @@ import contextlib
 import pytest
 
 from lockservice import LockHeld, LockManager, QuorumUnavailable, resync
+from lockservice.node import Node
 from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
 from tests._servers import RedisNode, free_port
 from tests.faults.conftest import (
@@ -216,3 +217,115 @@ async def test_a_gateway_whose_clock_is_behind_and_cannot_reach_a_synced_node_wa
         await skewed.release(lease)
     finally:
         await skewed.close()
+
+
+async def test_a_restarted_node_is_not_taken_for_a_new_one_by_a_gateway_cut_off_from_the_counters(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R18 (review finding): the "new cluster" shortcut needs every node to answer.
+
+    P1, cut off from A, holds a lease granted by B and C (A never saw a counter).
+    C restarts empty. P2, a gateway that just started and is cut off from B,
+    sees only A (synced, no counter) and C (empty): without the rule it marks C
+    as a new node, with no quarantine, and grants the lock on A and C while P1's
+    lease is still valid.
+    """
+    a, b, c = own_redis3
+    await (await connect(own_redis3)).close()  # a new cluster: every node synced
+    cut = f"redis://127.0.0.1:{free_port()}"
+    p1 = await LockManager.connect([cut, b.url, c.url], node_timeout=NODE_TIMEOUT, max_ttl=MAX_TTL)
+    p2: LockManager | None = None
+    try:
+        held = await p1.acquire(NAME, ttl=MAX_TTL)
+        c.restart(lose_data=True)
+        p2 = await LockManager.connect(
+            [a.url, f"redis://127.0.0.1:{free_port()}", c.url],
+            node_timeout=NODE_TIMEOUT,
+            max_ttl=MAX_TTL,
+        )
+        while held.remaining() > 0.2:
+            with pytest.raises(QuorumUnavailable):
+                await p2.acquire(NAME, ttl=1.0)
+            await asyncio.sleep(0.1)
+        assert reply_bulk(c.command("GET", SYNCED_KEY)) is None
+    finally:
+        await p1.close()
+        if p2 is not None:
+            await p2.close()
+
+
+async def test_a_majority_restarted_is_not_resynced_without_the_node_that_does_not_answer(
+    own_redis3: list[RedisNode], connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R18 (review finding): the wall-clock fallback needs every other node to answer.
+
+    A gateway cut off from B sees A and C restart empty; B, the only node with
+    the counters, does not answer it, and its clock runs an hour behind: a base
+    from that clock would issue tokens below earlier ones. (A gateway that starts
+    only after such a loss cannot tell it from a new cluster: a majority that
+    lost its data is outside the guarantee, see README.)
+    """
+    a, _, c = own_redis3
+    first = await connect(own_redis3)
+    issued: list[int] = []
+    for _ in range(5):
+        await _grant(first, issued)
+    await first.close()
+    real_clock = resync.wall_clock_base
+    monkeypatch.setattr(resync, "wall_clock_base", lambda: real_clock() - 3_600_000_000)
+    skewed = await LockManager.connect(
+        [a.url, f"redis://127.0.0.1:{free_port()}", c.url],
+        node_timeout=NODE_TIMEOUT,
+        max_ttl=MAX_TTL,
+    )
+    try:
+        a.restart(lose_data=True)
+        c.restart(lose_data=True)
+        await asyncio.sleep(MAX_TTL + 0.5)  # past any quarantine a resync would have set
+        for node in (a, c):
+            assert reply_bulk(node.command("GET", SYNCED_KEY)) is None
+        with pytest.raises(QuorumUnavailable):
+            await skewed.acquire(NAME, ttl=1.0)
+    finally:
+        await skewed.close()
+
+
+async def test_a_node_that_restarts_again_during_its_resync_is_resynced_again(
+    own_redis3: list[RedisNode], connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a resync vouches for the run its copies went to, not a later one.
+
+    C restarts; while its counters are copied from A and B it restarts again
+    and loses the part copied from A. Marking the new run synced would leave C
+    with B's counters only, and B missed the newest grants.
+    """
+    a, b, c = own_redis3
+    mgr = await connect(own_redis3)
+    issued: list[int] = []
+    await cut_off(mgr, b, 1)
+    for _ in range(MISSED):
+        await _grant(mgr, issued)  # granted by A and C only
+    b.resume()
+    await wait_until(lambda: node_connected(mgr, 1), 3.0, "node B reconnected")
+
+    copy = resync.Resyncer._copy
+    restarted_again = False
+
+    async def copy_then_restart(self: resync.Resyncer, source: Node, target: Node) -> int:
+        nonlocal restarted_again
+        copied = await copy(self, source, target)
+        if not restarted_again and source.label.endswith(f":{a.port}"):
+            restarted_again = True
+            before = target.run_id
+            c.restart(lose_data=True)  # loses what was just copied from A
+            await wait_until(lambda: target.run_id != before, 5.0, "C's new run seen")
+        return copied
+
+    monkeypatch.setattr(resync.Resyncer, "_copy", copy_then_restart)
+    c.restart(lose_data=True)
+    await wait_until(lambda: restarted_again, 5.0, "C restarted during its resync")
+    await wait_until(lambda: quarantine_ms(c) > 0, 10.0, "C resynced (again) and quarantined")
+    await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of C over")
+    a.kill()  # B (missed the newest grants) and C must still issue above them
+    await _grant(mgr, issued, held_on=c)
+    assert issued == sorted(set(issued))
