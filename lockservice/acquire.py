@@ -187,10 +187,6 @@ class Acquirer:
         rnd = await self._rounds.run(futures, parse_count, decided)
         return None if rnd.count(good) >= self.quorum else self._rounds.unavailable(name, rnd, good)
 
-    def abandon(self, name: str, lease_id: str) -> None:
-        self._handovers.close(lease_id)
-        self._cleanups.release(name, lease_id, later=False)  # R7: out at once
-
     def _undo(
         self, name: str, lease_id: str, ticket: str, pending: Pending, *, give_up: bool = False
     ) -> None:

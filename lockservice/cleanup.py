@@ -120,12 +120,6 @@ class Cleanups:
         if isinstance(reply, Granted):
             self.settle_late(index, name, lease_id, token, reply.token)
 
-    def forget(self, lease_id: str) -> None:
-        """Drop what is remembered for ``lease_id`` (it is about to try again)."""
-        for replays in self._replays:
-            for command in [c for c in replays if c[2][0] == lease_id]:
-                del replays[command]
-
     def replay(self, index: int) -> None:
         """Send node ``index`` what could not reach it, now that it is connected."""
         node, replays = self._nodes[index], self._replays[index]

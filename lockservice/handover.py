@@ -233,6 +233,9 @@ class Handovers:
             self._waiters.wake_from_message(payload)  # a wake-up: try again
             return
         name, _, lease_id, token = parts
+        if not token.isdigit():
+            log.warning("ignored a malformed hand-over message from node %d: %r", index, payload)
+            return
         self.handed(index, name, lease_id, int(token))
 
     def handed(self, index: int, name: str, lease_id: str, token: int) -> None:

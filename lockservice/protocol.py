@@ -223,7 +223,8 @@ class AttemptState(enum.StrEnum):
     QUEUED -> TRYING             woken by a release, a nudge or the poll timer
     QUEUED -> RAISING / GRANTED  Q hand-overs arrived (R9-R12)
     TRYING / RAISING -> FAILED   no quorum answered: undone, QuorumUnavailable
-    FAILED -> TRYING             retried once after a resync wait
+    FAILED -> TRYING             retried once after a resync wait (or RAISING /
+                                 GRANTED: hand-overs arrived during that wait)
     any but GRANTED -> ABANDONED wait ran out or the caller was cancelled: undone (R7)
     """
 
@@ -240,7 +241,7 @@ ATTEMPT_TRANSITIONS: Final[dict[AttemptState, frozenset[AttemptState]]] = {
     _A.TRYING: frozenset({_A.GRANTED, _A.RAISING, _A.QUEUED, _A.FAILED, _A.ABANDONED}),
     _A.RAISING: frozenset({_A.GRANTED, _A.QUEUED, _A.FAILED, _A.ABANDONED}),
     _A.QUEUED: frozenset({_A.TRYING, _A.RAISING, _A.GRANTED, _A.ABANDONED}),
-    _A.FAILED: frozenset({_A.TRYING, _A.ABANDONED}),
+    _A.FAILED: frozenset({_A.TRYING, _A.RAISING, _A.GRANTED, _A.ABANDONED}),
     _A.GRANTED: frozenset(),
     _A.ABANDONED: frozenset(),
 }

@@ -125,18 +125,26 @@ class Redlock:
         await asyncio.gather(*(node.close() for node in self.nodes))
 
     async def _read_inbox(self) -> None:
-        """The events of the nodes below, in the order they happened."""
+        """The events of the nodes below, in the order they happened.
+
+        One event that fails to be handled (a malformed message on the channel)
+        is logged and skipped: the reader must outlive it, or replays, resyncs
+        and hand-overs of this process would stop for good.
+        """
         while True:
             event = await self._inbox.get()
-            if isinstance(event, Message):
-                self._handovers.message(event.index, event.payload)
-            elif isinstance(event, Connected):
-                self._cleanups.replay(event.index)
-                self.resyncer.check_soon(self.nodes[event.index], restarted=event.restarted)
-            elif isinstance(event, Replay):
-                self._cleanups.replay(event.index)
+            try:
+                if isinstance(event, Message):
+                    self._handovers.message(event.index, event.payload)
+                elif isinstance(event, Connected):
+                    self._cleanups.replay(event.index)
+                    self.resyncer.check_soon(self.nodes[event.index], restarted=event.restarted)
+                elif isinstance(event, Replay):
+                    self._cleanups.replay(event.index)
+            except Exception:
+                log.exception("event %r from redis node %s could not be handled", event,
+                              self._labels[event.index])  # fmt: skip
 
-    # acquire
     async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
         attempt = await self._acquirer.attempt(name, lease_id, ttl, ticket)
         if isinstance(attempt, QuorumUnavailable):

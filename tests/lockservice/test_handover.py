@@ -17,7 +17,7 @@ import redis
 from lockservice import LockManager
 from lockservice.cleanup import release_args
 from lockservice.handover import Pending
-from lockservice.protocol import drift, lock_keys
+from lockservice.protocol import RELEASE_CHANNEL, drift, lock_keys
 from lockservice.redlock import Redlock
 from lockservice.scripts import RELEASE
 from tests._servers import RedisNode
@@ -279,6 +279,34 @@ async def test_a_waiter_cancelled_with_part_of_a_hand_over_leaves_nothing_behind
             await waiter
         got = await holder_mgr.acquire("hand/cancel", ttl=1.0)  # at once, no wait
         assert got.token > lease.token
+    finally:
+        await holder_mgr.close()
+        await waiter_mgr.close()
+
+
+async def test_a_malformed_message_on_the_release_channel_stops_nothing(
+    redis3: list[RedisNode],
+) -> None:
+    """Whoever can publish on a process's channel must not stop its hand-overs."""
+    urls = [n.url for n in redis3]
+    holder_mgr, waiter_mgr = await LockManager.connect(urls), await LockManager.connect(urls)
+    try:
+        backend = waiter_mgr.backend
+        assert isinstance(backend, Redlock)
+        channel = f"{RELEASE_CHANNEL}:{backend._process}"
+        for node in redis3:
+            client(node).publish(channel, "hand/bad\nx\ny\nnot-a-token")
+            client(node).publish(channel, b"\xff\xfe")
+        lease = await holder_mgr.acquire("hand/bad", ttl=5.0)
+        waiter = asyncio.create_task(waiter_mgr.acquire("hand/bad", ttl=3.0, wait=5.0))
+        await queued(redis3, "hand/bad", 1)
+        await holder_mgr.release(lease)
+        got = await asyncio.wait_for(waiter, 3.0)
+        assert got.token > lease.token
+        reader = backend._reader
+        assert reader is not None
+        assert not reader.done()  # still reading: replays, resyncs and hand-overs go on
+        await waiter_mgr.release(got)
     finally:
         await holder_mgr.close()
         await waiter_mgr.close()
