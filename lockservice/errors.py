@@ -36,7 +36,8 @@ class LeaseLost(LockServiceError):
 
 
 class QuorumUnavailable(LockServiceError):
-    """Fewer than a majority of the Redis nodes answered in time."""
+    """Fewer than a majority of the Redis nodes could take part: down, too slow,
+    not resynced after a restart, quarantined, or refusing round 2."""
 
     code = "quorum_unavailable"
 

@@ -34,7 +34,8 @@ R1  A grant is one script: ``SET lock NX PX ttl`` and ``INCR fence`` together
 R2  Counters never go down and are never deleted; a missing counter restarts
     above the node's synced token base (``queue.lua: grant``).             [I2]
 R3  A lease needs grants on Q nodes; its token is the largest of their tokens:
-    every earlier lease's quorum shares a node with this one (``redlock``).  [I1, I2]
+    every earlier lease's quorum shares a node with this one (``acquire``,
+    ``handover.Pending.lease``).                                          [I1, I2]
 R4  Round 2: when those tokens differ, the counters are raised to the token on
     every node, and the lease exists only once Q nodes acked; a node counts
     only when it is free or held by the raising lease, so that no grant older
@@ -44,17 +45,22 @@ R5  Validity is ``ttl - drift(ttl)`` from the *send time* of the try that got
     grant; without Q valid grants the try is undone (``handover.Pending``). [I1]
 R6  Release and extend compare the lease id; extend never re-creates an
     expired lock (``release.lua``, ``extend.lua``).                       [I4, I1]
-R7  A try that did not make a lease, or whose acquire was cancelled, is
-    undone on every node, sent on each node's connection behind the try and
-    synchronously, so cancellation cannot skip it; the undo of a try without
-    waiting that cannot be sent is replayed after a reconnect (``cleanup``). [I3]
+R7  A try that did not make a lease is undone (``undo.lua``) and an acquire
+    that gives up or is cancelled is released (``release.lua``, which also
+    leaves the queue), sent on each node's connection behind the try and
+    synchronously, so cancellation cannot skip it. A try without waiting
+    undoes any grant of its lease on every node; a queued waiter only the
+    grants it knows (R13). Releases and unnamed undos that cannot be sent are
+    replayed after a reconnect, so a lease id whose unnamed cleanup may still
+    run is never used for another try: a retry after a resync wait of a try
+    without waiting takes a new lease id (``cleanup``, ``manager``).        [I3, I1]
 R8  A waiter's ticket (its arrival time) is the same on every node; a free
     lock goes to the earliest live waiter; a keepalive drops dead waiters
     (``queue.lua``).                                                  [fairness]
 R9  Hand-over: the release script grants the lock to the queue head (R1: a
     new token, the waiter's ttl) and publishes the token on that waiter's
     process channel; Q valid hand-over grants make a lease, R3 and R4 apply
-    (``release.lua: hand_over``).                                 [no round trip]
+    (``queue.lua: hand_over``, from release.lua and undo.lua).    [no round trip]
 R10 A handed-over grant counts from the send time of the waiter's last try
     that node answered "held" or "queued", never from the message's arrival
     (``Pending.handed``).                                                   [I1]
@@ -70,25 +76,33 @@ R14 While an undo to a node is unanswered nothing from that node counts; a
     lost undo answer makes the node suspect until a try of the waiter gets an
     answer from it (``Pending.park``, ``Pending.undone``).                  [I1]
 R15 An undo keeps a grant unless an earlier waiter is queued on that node; a
-    waiter that fewer than Q nodes answer gives all its grants up
-    (``undo.lua``, ``redlock``).                                      [liveness]
+    waiter that fewer than Q nodes answer ("held" or granted) gives all its
+    grants up (``undo.lua``, ``acquire``).                            [liveness]
 R16 A node that grants after the try was decided gets the lease's real token
     written into its lock value; if its counter ran ahead, the others are
-    raised to it (``cleanup.settle_late``).                   [I2 for inspect]
-R17 A node counts only while ``fencegate:synced`` names its current run id
-    (every script is passed the run id read at connect): a restart, even from
-    an old snapshot, makes every process see it unsynced (``queue.lua:
-    grantable``, ``inspect.lua``).                                          [I2]
+    raised to it (``cleanup.settle_late``; for a queued lease, up to 4096
+    recent ones are remembered).                              [I2 for inspect]
+R17 A node grants only while ``fencegate:synced`` names its current run id
+    (acquire, inspect, state and the hand-over are passed the run id read at
+    connect): a restart, even from an old snapshot, makes every process see it
+    unsynced (``queue.lua: grantable``, ``inspect.lua``). Extend, release and
+    round 2 do not check it: counters only rise, and R19 covers what a
+    restarted node forgot.                                                  [I2]
 R18 A resync raises every counter of the unsynced node to the largest value
-    on N - Q + 1 *synced* nodes, which every earlier quorum shares a node with.
-    Only when the other nodes answered and are themselves unsynced (a majority
-    restarted) does it copy from every node that answers, with a wall-clock
-    base above them all; a synced node that does not answer is waited for
-    (``resync``).                                                           [I2]
+    on N - Q + 1 *synced* nodes, which every earlier quorum shares a node with,
+    and marks synced the run its copies went to (a node that restarts again
+    meanwhile stays unsynced). Only when *every* other node answered and too
+    few are synced (a majority restarted) does it copy from all of them, with a
+    wall-clock base above them all; while a node does not answer, it waits. A
+    node joins without quarantine only when no lease can have been granted:
+    N - Q + 1 synced nodes or all N without a counter, or a quorum of nodes
+    none of which was ever synced, none seen restarting (``resync``).       [I2, I1]
 R19 A resynced node is quarantined for ``max_ttl``: it grants nothing until
-    every lease it may have forgotten expired (``mark_synced.lua``).        [I1]
+    every lease it may have forgotten expired (``mark_synced.lua``). This
+    assumes every gateway has the same ``max_ttl``.                         [I1]
 R20 A node whose ``maxmemory-policy`` is not ``noeviction`` never counts: it
-    could evict counters or live locks (``node``).                          [I2]
+    could evict counters or live locks (``node``; checked at each connect, so
+    a policy changed at run time is seen at the next reconnect).            [I2]
 
 Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out; ``tests/model`` adds a counterexample for each rule it can switch off):
@@ -115,17 +129,21 @@ R10 test_handover: a_handed_over_grant_counts_from_the_last_refused_try,
     a_late_message_never_stretches_the_validity
 R11 test_handover: a_message_older_than_a_queued_answer_is_ignored
 R12 test_handover: a_hand_over_message_older_than_our_confirmation_is_ignored
-R13 test_scripts: undo_keeps_a_handed_over_grant_unless_an_earlier_waiter_is_queued
+R13 test_scripts: an_undo_naming_an_older_grant_takes_nothing
 R14 test_handover: nothing_a_node_says_counts_while_an_undo_to_it_is_unanswered,
     a_lost_undo_answer_makes_the_node_suspect_until_a_try_answers
-R15 test_scripts: undo_breaks_a_ticket_tie_like_the_queue; test_handover:
+R15 test_scripts: undo_keeps_a_handed_over_grant_unless_an_earlier_waiter_is_
+    queued, undo_breaks_a_ticket_tie_like_the_queue; test_handover:
     waiters_split_between_nodes_are_all_served_soon
 R16 faults/test_node_paused: slow_node_with_a_higher_counter_never_makes_two_
     holders_share_a_token
 R17 test_scripts: acquire_on_unsynced_or_quarantined_node; faults/
     test_node_restart: token_increases_after_node_restart_with_data_loss
 R18 faults/test_node_restart: without_resync_a_restarted_node_reissues_tokens,
-    a_gateway_whose_clock_is_behind_and_cannot_reach_a_synced_node_waits
+    a_gateway_whose_clock_is_behind_and_cannot_reach_a_synced_node_waits,
+    a_restarted_node_is_not_taken_for_a_new_one_by_a_gateway_cut_off_from_the_
+    counters, a_majority_restarted_is_not_resynced_without_the_node_that_does_
+    not_answer, a_node_that_restarts_again_during_its_resync_is_resynced_again
 R19 faults/test_node_restart: restarted_node_does_not_grant_a_lease_it_forgot
 R20 faults/test_node_problems: a_node_that_may_evict_keys_never_counts
 """

@@ -173,13 +173,13 @@ def describe(reply: object) -> str:
     if isinstance(reply, Failure):
         return reply.reason
     if isinstance(reply, Quarantined):
-        return f"quarantined for {reply.pttl / 1000:.1f} s more after a restart (R19)"
+        return f"quarantined for {reply.pttl / 1000:.1f} s more after a resync (R19)"
     if isinstance(reply, Unsynced):
         return "restarted or new, not resynced yet (R17)"
     if isinstance(reply, Held):
         return "held by another lease" if reply.pttl else "earlier waiters are queued"
     if isinstance(reply, int) and not isinstance(reply, bool):
-        return "refused: the lease does not hold the lock there" if reply == 0 else f"{reply}"
+        return "refused: not held by this lease, or held by another" if reply == 0 else f"{reply}"
     return repr(reply)
 
 

@@ -139,7 +139,7 @@ async def test_quorum_errors_name_each_node_and_its_own_cause(
         assert "2 of 3 nodes needed" in message, message
         errors = failed.value.node_errors
         assert set(errors) == {labels[1], labels[2]}, errors
-        assert re.fullmatch(r"quarantined for \d+\.\d s more after a restart.*", errors[labels[1]])
+        assert re.fullmatch(r"quarantined for \d+\.\d s more after a resync.*", errors[labels[1]])
         assert errors[labels[2]].startswith("down: "), errors
         assert "unexpected reply" not in message
     finally:

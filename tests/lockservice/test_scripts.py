@@ -297,6 +297,18 @@ def test_undo_keeps_a_handed_over_grant_unless_an_earlier_waiter_is_queued(
     assert r.hget(WAITT, member(ID_B)) == b"5000"
 
 
+def test_an_undo_naming_an_older_grant_takes_nothing(r: redis.Redis) -> None:
+    """R13: a queued waiter's undo names its grant, so one delivered late (stuck in a
+    dropped connection) cannot take a grant issued anew after it (R12)."""
+    acquire(r, ID_A)
+    acquire(r, ID_B, ticket="2")
+    release(r, ID_A)  # handed to B with BASE + 2
+    assert acquire(r, ID_B, ticket="2")[0] == BASE + 3  # type: ignore[index]  # confirmed anew
+    assert undo(r, ID_B, ticket="", token=str(BASE + 2)) == 0  # the late undo of the old one
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 3}".encode()
+    assert undo(r, ID_B, ticket="") == -(BASE + 3)  # unnamed, it would have taken it
+
+
 def test_a_waiter_the_node_had_not_seen_takes_its_place_by_ticket(r: redis.Redis) -> None:
     """After a node restart its queue is rebuilt in ticket order, not arrival order."""
     acquire(r, ID_A, ttl=100)
