@@ -19,21 +19,49 @@ Every refusal raises a ``FencegateError`` subclass named for its API code
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import math
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
-from urllib.parse import quote
+from typing import Any, Self
 
 import aiohttp
 from yarl import URL
 
-from lockservice.lease import Lease
+from gateway._client_base import (
+    BadRequest,
+    BadToken,
+    FencegateError,
+    Forbidden,
+    GatewayUnavailable,
+    Lease,
+    LeaseLost,
+    LockHeld,
+    LockStatus,
+    NotFound,
+    QuorumUnavailable,
+    ShuttingDown,
+    SslOption,
+    StaleToken,
+    StorageUnavailable,
+    TokenNotIssued,
+    TokenRequired,
+    TooLarge,
+    Unauthorized,
+    UnknownStore,
+    acquire_path,
+    check_base_url,
+    error_from,
+    fence_headers,
+    lease_from,
+    lock_path,
+    ms,
+    ssl_context,
+    store_path,
+)
+from gateway.sync_client import SyncFencegateClient
 from lockservice.renew import Renewal, hold
 
 __all__ = [
@@ -50,8 +78,10 @@ __all__ = [
     "NotFound",
     "QuorumUnavailable",
     "ShuttingDown",
+    "SslOption",
     "StaleToken",
     "StorageUnavailable",
+    "SyncFencegateClient",
     "TokenNotIssued",
     "TokenRequired",
     "TooLarge",
@@ -61,135 +91,19 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SAFE: Final = "/:~._-"  # the name and key alphabet, kept as is in the path
-
-
-class FencegateError(Exception):
-    """A refusal from the gateway: its API ``code``, HTTP ``status``, message and data."""
-
-    def __init__(
-        self, code: str, status: int, message: str, data: Mapping[str, Any] | None = None
-    ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.status = status
-        self.message = message
-        self.data: dict[str, Any] = dict(data or {})
-
-
-class BadRequest(FencegateError):
-    """400 bad_request."""
-
-
-class BadToken(FencegateError):
-    """400 bad_token."""
-
-
-class Unauthorized(FencegateError):
-    """401 unauthorized."""
-
-
-class Forbidden(FencegateError):
-    """403 forbidden."""
-
-
-class TokenNotIssued(FencegateError):
-    """403 token_not_issued: the token is above any issued for its lock."""
-
-
-class NotFound(FencegateError):
-    """404 not_found: no such key (or route)."""
-
-
-class UnknownStore(FencegateError):
-    """404 unknown_store."""
-
-
-class LockHeld(FencegateError):
-    """409 lock_held: another lease holds the lock."""
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds after which a retry may succeed."""
-        return float(self.data.get("retry_after_ms", 1000)) / 1000
-
-
-class LeaseLost(FencegateError):
-    """409 lease_lost: the lease expired or another lease holds the lock."""
-
-
-class StaleToken(FencegateError):
-    """409 stale_token: a newer token was already seen; nothing was written."""
-
-    @property
-    def token(self) -> int | None:
-        return self.data.get("token")
-
-    @property
-    def high_water(self) -> int | None:
-        return self.data.get("high_water")
-
-
-class TooLarge(FencegateError):
-    """413 too_large."""
-
-
-class TokenRequired(FencegateError):
-    """428 token_required."""
-
-
-class QuorumUnavailable(FencegateError):
-    """503 quorum_unavailable."""
-
-
-class StorageUnavailable(FencegateError):
-    """503 storage_unavailable."""
-
-
-class ShuttingDown(FencegateError):
-    """503 shutting_down: retry on another replica."""
-
-
-class GatewayUnavailable(FencegateError):
-    """The gateway could not be reached, or did not answer in time."""
-
-
-_BY_CODE: Final[Mapping[str, type[FencegateError]]] = {
-    "bad_request": BadRequest,
-    "bad_token": BadToken,
-    "unauthorized": Unauthorized,
-    "forbidden": Forbidden,
-    "token_not_issued": TokenNotIssued,
-    "not_found": NotFound,
-    "unknown_store": UnknownStore,
-    "lock_held": LockHeld,
-    "lease_lost": LeaseLost,
-    "stale_token": StaleToken,
-    "too_large": TooLarge,
-    "token_required": TokenRequired,
-    "quorum_unavailable": QuorumUnavailable,
-    "storage_unavailable": StorageUnavailable,
-    "shutting_down": ShuttingDown,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class LockStatus:
-    """``GET /v1/locks/{name}``: the holder's token when held, else the newest issued."""
-
-    name: str
-    held: bool
-    token: int
-    ttl: float
-
 
 class FencegateClient:
     """The HTTP API over one ``aiohttp.ClientSession`` (created on first use).
 
     Args:
-        base_url: ``http://host:port`` of a gateway.
+        base_url: ``http://host:port`` or ``https://host:port`` of a gateway.
         api_key: sent as ``Authorization: Bearer <key>``.
         timeout: seconds one call may take, on top of an acquire's ``wait``.
+        ssl: for https: an ``ssl.SSLContext``, the path of a CA file to trust
+            (a private CA), False to skip verification, or None for the system's
+            trust store.
+    Raises:
+        ValueError: ``base_url`` has no http/https scheme, or the CA file is unusable.
     """
 
     def __init__(
@@ -198,11 +112,14 @@ class FencegateClient:
         *,
         api_key: str | None = None,
         timeout: float = 30.0,
+        ssl: SslOption = None,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout
+        context = ssl_context(ssl)
+        self._ssl: Any = False if ssl is False else (context if context is not None else True)
         self._session = session
         self._own_session = session is None
 
@@ -228,24 +145,26 @@ class FencegateClient:
 
         Raises:
             LockHeld: still held when ``wait`` ran out (``.retry_after``).
+            ValueError: the name's last segment is ``renew``.
         """
-        body = {"ttl_ms": _ms(ttl), "wait_ms": _ms(wait)}
-        started = asyncio.get_running_loop().time()
-        data = await self._json("POST", _lock_path(name), body=body, extra=wait)
-        return Lease(data["name"], data["token"], data["lease_id"], started + data["ttl_ms"] / 1000)
+        body = {"ttl_ms": ms(ttl), "wait_ms": ms(wait)}
+        started = time.monotonic()
+        data = await self._json("POST", acquire_path(name), body=body, extra=wait)
+        return lease_from(data, started)
 
-    async def renew(self, lease: Lease, ttl: float = 10.0) -> Lease:
-        """Extend ``lease`` to ``ttl`` seconds from now.
+    async def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:
+        """Extend ``lease`` to ``ttl`` seconds from now (``POST .../renew``).
 
         Raises:
             LeaseLost: it expired or another lease holds the lock.
         """
-        started = asyncio.get_running_loop().time()
-        body = {"lease_id": lease.lease_id, "ttl_ms": _ms(ttl)}
-        data = await self._json("POST", _lock_path(lease.name) + "/renew", body=body)
-        # A lease's token never changes: keep the one the grant returned, if known.
-        token = lease.token or data["token"]
-        return Lease(lease.name, token, lease.lease_id, started + data["ttl_ms"] / 1000)
+        started = time.monotonic()
+        body = {"lease_id": lease.lease_id, "ttl_ms": ms(ttl)}
+        data = await self._json("POST", lock_path(lease.name) + "/renew", body=body)
+        return lease_from(data, started, lease)
+
+    renew = extend
+    """The HTTP route's name for ``extend``."""
 
     async def release(self, lease: Lease) -> None:
         """Release ``lease``.
@@ -253,11 +172,15 @@ class FencegateClient:
         Raises:
             LeaseLost: it had expired (or another lease holds the lock).
         """
-        await self._call("DELETE", _lock_path(lease.name), headers={"X-Lease-Id": lease.lease_id})
+        await self._call("DELETE", lock_path(lease.name), headers={"X-Lease-Id": lease.lease_id})
 
-    async def status(self, name: str) -> LockStatus:
-        data = await self._json("GET", _lock_path(name))
+    async def inspect(self, name: str) -> LockStatus:
+        """Whether ``name`` is held, its token and the time left (never the lease_id)."""
+        data = await self._json("GET", lock_path(name))
         return LockStatus(data["name"], data["held"], data["token"], data["ttl_ms"] / 1000)
+
+    status = inspect
+    """The CLI's name for ``inspect``."""
 
     @asynccontextmanager
     async def lock(
@@ -273,7 +196,7 @@ class FencegateClient:
             Renewal(
                 lease,
                 ttl,
-                self.renew,
+                self.extend,  # type: ignore[arg-type]  # only ever given our Lease subclass
                 lost=(LeaseLost,),
                 transient=(FencegateError,),  # unreachable, no quorum: retry while valid
                 lose=lambda lease, reason: LeaseLost("lease_lost", 409, reason),
@@ -281,8 +204,9 @@ class FencegateClient:
             if auto_renew
             else None
         )
-        async with hold(lease, renewal, self.release, release_errors=(FencegateError,)) as held:
-            yield held
+        release = self.release
+        async with hold(lease, renewal, release, release_errors=(FencegateError,)):  # type: ignore[arg-type]
+            yield lease
 
     # stores
     async def put(
@@ -301,11 +225,11 @@ class FencegateClient:
             StaleToken: a newer token was seen for the fence lock; nothing was written.
         """
         data = body.encode() if isinstance(body, str) else body
-        headers = _fence_headers(token, lock)
+        headers = fence_headers(token, lock)
         headers["Content-Type"] = content_type or (
             "text/plain; charset=utf-8" if isinstance(body, str) else "application/octet-stream"
         )
-        reply = await self._json("PUT", _store_path(store, key), data=data, headers=headers)
+        reply = await self._json("PUT", store_path(store, key), data=data, headers=headers)
         token_back: int | None = reply["token"]
         return token_back
 
@@ -318,7 +242,7 @@ class FencegateClient:
             NotFound: no such key.
         """
         _, headers, body = await self._call(
-            "GET", _store_path(store, key), headers=_fence_headers(token, lock)
+            "GET", store_path(store, key), headers=fence_headers(token, lock)
         )
         stored = headers.get("X-Fencing-Token")
         return body, int(stored) if stored is not None else None
@@ -326,7 +250,7 @@ class FencegateClient:
     async def delete(
         self, store: str, key: str, *, token: int | None, lock: str | None = None
     ) -> None:
-        await self._call("DELETE", _store_path(store, key), headers=_fence_headers(token, lock))
+        await self._call("DELETE", store_path(store, key), headers=fence_headers(token, lock))
 
     # transport
     def _client(self) -> aiohttp.ClientSession:
@@ -370,6 +294,7 @@ class FencegateClient:
                 data=data,
                 headers={**self._headers, **(headers or {})},
                 timeout=timeout,
+                ssl=self._ssl,
             ) as response:
                 raw = await response.read()
                 status, reply_headers = response.status, response.headers
@@ -379,35 +304,5 @@ class FencegateClient:
                 "gateway_unavailable", 0, f"{self.base_url}: {reason}"
             ) from exc
         if status >= 400:
-            raise _error(status, raw)
+            raise error_from(status, raw)
         return status, reply_headers, raw
-
-
-def _error(status: int, raw: bytes) -> FencegateError:
-    try:
-        reply = json.loads(raw)
-        code, message = str(reply.pop("error")), str(reply.pop("message", ""))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return FencegateError(f"http_{status}", status, raw[:200].decode(errors="replace"))
-    return _BY_CODE.get(code, FencegateError)(code, status, message, reply)
-
-
-def _ms(seconds: float) -> int:
-    return math.ceil(seconds * 1000)
-
-
-def _lock_path(name: str) -> str:
-    return "/v1/locks/" + quote(name, safe=_SAFE)
-
-
-def _store_path(store: str, key: str) -> str:
-    return f"/v1/stores/{quote(store, safe='')}/{quote(key, safe=_SAFE)}"
-
-
-def _fence_headers(token: int | None, lock: str | None) -> dict[str, str]:
-    headers = {}
-    if token is not None:
-        headers["X-Fencing-Token"] = str(token)
-    if lock is not None:
-        headers["X-Fencing-Lock"] = lock
-    return headers
