@@ -148,7 +148,13 @@ def _toml(value: object) -> str:
 
 
 def config_toml(port: int, redis: list[str], stores: Mapping[str, Mapping[str, object]]) -> str:
-    lines = [f'listen = "127.0.0.1:{port}"', "shutdown_timeout_ms = 5000", "", "[locks]"]
+    lines = [
+        f'listen = "127.0.0.1:{port}"',
+        "shutdown_timeout_ms = 5000",
+        "shutdown_grace_ms = 0",
+        "",
+        "[locks]",
+    ]
     lines.append(f"redis = {_toml(redis)}")
     for name, table in stores.items():
         lines += ["", f"[stores.{name}]"]

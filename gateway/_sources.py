@@ -6,18 +6,22 @@ naming the key, its (redacted) value, where it came from and what is wrong.
 
     FENCEGATE_LISTEN  FENCEGATE_METRICS_LISTEN  FENCEGATE_ALLOW_REMOTE
     FENCEGATE_MAX_BODY_BYTES  FENCEGATE_REQUEST_TIMEOUT_MS  FENCEGATE_SHUTDOWN_TIMEOUT_MS
+    FENCEGATE_SHUTDOWN_GRACE_MS  FENCEGATE_LOG_LEVEL  FENCEGATE_LOG_FORMAT  FENCEGATE_STRICT_START
     FENCEGATE_TLS_CERT  FENCEGATE_TLS_KEY
     FENCEGATE_LOCKS_<KEY>           e.g. FENCEGATE_LOCKS_REDIS=redis://a:6379,redis://b:6379,...
     FENCEGATE_STORES_<NAME>_<KEY>   e.g. FENCEGATE_STORES_KV_DSN=postgresql://...
 
 ``<NAME>`` is the store name upper-cased with ``-`` as ``_`` (a store that
 the file does not name is created lower-cased); lists are comma-separated.
-Other ``FENCEGATE_*`` variables (``FENCEGATE_URL``, ``FENCEGATE_API_KEY``,
-``FENCEGATE_CONFIG``) are not server settings and are ignored here.
+``FENCEGATE_URL``, ``FENCEGATE_API_KEY`` and ``FENCEGATE_CONFIG`` are read by
+the CLI, not here. Any other ``FENCEGATE_*`` variable is most likely a typo:
+``apply_env`` returns a warning naming it and the closest known variable.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, NoReturn, cast
@@ -27,18 +31,21 @@ from gateway.errors import ConfigError
 
 __all__ = [
     "AUTH_KEY_KEYS",
+    "CLIENT_ENV",
     "LOCKS_KEYS",
     "STORE_KEYS",
     "TOP_KEYS",
     "Reader",
     "apply_env",
+    "known_env",
     "redact",
     "set_path",
 ]
 
 TOP_KEYS: Final = {
     "listen", "metrics_listen", "allow_remote", "max_body_bytes", "request_timeout_ms",
-    "shutdown_timeout_ms", "locks", "stores", "auth", "tls",
+    "shutdown_timeout_ms", "shutdown_grace_ms", "log_level", "log_format", "strict_start",
+    "locks", "stores", "auth", "tls",
 }  # fmt: skip
 LOCKS_KEYS: Final = {
     "redis", "node_timeout_ms", "min_ttl_ms", "max_ttl_ms", "max_wait_ms", "default_ttl_ms",
@@ -73,6 +80,8 @@ class Reader:
     def fail(self, path: str, value: object, problem: str) -> NoReturn:
         origin = self.origins.get(path)
         where = f"config {path!r}" + (f" (from {origin})" if origin else "")
+        if value is None:
+            raise ConfigError(f"{where} is not set: {problem}")
         raise ConfigError(f"{where} has value {show(path, value)}: {problem}")
 
     def known(self, t: Mapping[str, Any], allowed: set[str], where: str) -> None:
@@ -170,10 +179,14 @@ def show(path: str, value: object) -> str:
     """``value`` for an error message, with URL passwords redacted."""
     if isinstance(value, str):
         return repr(redact(value))
-    if isinstance(value, list | tuple) and path.endswith("redis"):
-        return repr([redact(v) if isinstance(v, str) else v for v in value])
     if path.endswith("dsn"):
         return "<hidden>"
+    if isinstance(value, list | tuple):  # as written in TOML, not as a Python tuple
+        items = [redact(v) if isinstance(v, str) and path.endswith("redis") else v for v in value]
+        try:
+            return json.dumps(items)
+        except (TypeError, ValueError):
+            return repr(items)
     return repr(value)
 
 
@@ -194,12 +207,42 @@ _ENV_TOP: Final = {
     "MAX_BODY_BYTES": "max_body_bytes",
     "REQUEST_TIMEOUT_MS": "request_timeout_ms",
     "SHUTDOWN_TIMEOUT_MS": "shutdown_timeout_ms",
+    "SHUTDOWN_GRACE_MS": "shutdown_grace_ms",
+    "LOG_LEVEL": "log_level",
+    "LOG_FORMAT": "log_format",
+    "STRICT_START": "strict_start",
 }
+CLIENT_ENV: Final = ("FENCEGATE_URL", "FENCEGATE_API_KEY", "FENCEGATE_CONFIG")
+"""Read by the CLI, not server settings."""
 
 
-def apply_env(raw: dict[str, Any], env: Mapping[str, str], origins: dict[str, str]) -> None:
+def known_env(stores: list[str]) -> list[str]:
+    """Every ``FENCEGATE_*`` variable this gateway reads, for "did you mean" hints."""
+    names = [f"FENCEGATE_{k}" for k in _ENV_TOP]
+    names += [f"FENCEGATE_LOCKS_{k.upper()}" for k in LOCKS_KEYS]
+    names += ["FENCEGATE_TLS_CERT", "FENCEGATE_TLS_KEY", *CLIENT_ENV]
+    for store in stores or ["<NAME>"]:
+        prefix = f"FENCEGATE_STORES_{store.upper().replace('-', '_')}_"
+        names += [prefix + k.upper() for k in STORE_KEYS]
+    return names
+
+
+def _unknown(var: str, stores: list[str]) -> str:
+    close = difflib.get_close_matches(var, known_env(stores), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"environment variable {var} is not a fencegate setting and is ignored{hint}"
+
+
+def apply_env(raw: dict[str, Any], env: Mapping[str, str], origins: dict[str, str]) -> list[str]:
+    """Set the values of ``FENCEGATE_*`` variables in ``raw``; return warnings (unknown names).
+
+    Raises:
+        ConfigError: a ``FENCEGATE_LOCKS_*``, ``_TLS_*``, ``_AUTH_*`` or ``_STORES_*``
+            variable that names no key.
+    """
     stores = raw.get("stores")
     existing = list(stores) if isinstance(stores, dict) else []
+    warnings: list[str] = []
     for var in sorted(env):
         if not var.startswith("FENCEGATE_"):
             continue
@@ -214,13 +257,17 @@ def apply_env(raw: dict[str, Any], env: Mapping[str, str], origins: dict[str, st
         elif rest.startswith("STORES_"):
             path = _store_env_path(var, rest[7:], existing)
         elif rest.startswith(("LOCKS_", "TLS_", "AUTH_")):
-            raise ConfigError(f"environment variable {var} is not a fencegate setting")
+            raise ConfigError(_unknown(var, existing).replace(" and is ignored", ""))
+        elif var in CLIENT_ENV:
+            continue
         else:
-            continue  # FENCEGATE_URL, FENCEGATE_API_KEY, FENCEGATE_CONFIG: not server settings
+            warnings.append(_unknown(var, existing))
+            continue
         if path[-1] in ("redis", "columns"):
             value = [v.strip() for v in env[var].split(",") if v.strip()]
         set_path(raw, path, value)
         origins[".".join(path)] = var
+    return warnings
 
 
 def _store_env_path(var: str, rest: str, existing: list[str]) -> list[str]:

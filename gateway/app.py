@@ -36,6 +36,7 @@ from storage_adapters import (
     PostgresLegacyStore,
     PostgresStore,
     StorageError,
+    StorageUnavailable,
     StoreHooks,
 )
 
@@ -54,6 +55,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT: Final = 10.0
+_RETRY_FIRST: Final = 0.5
+_RETRY_MAX: Final = 5.0
 
 
 def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
@@ -81,15 +84,23 @@ def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> 
     return app
 
 
-def start_draining(app: web.Application) -> None:
-    """From now on /readyz answers 503 and new acquires and writes are refused."""
-    if not app[STATE].draining:
-        app[STATE].draining = True
-        log.info("draining: /readyz is 503, requests in flight finish, no new writes start")
+def start_draining(app: web.Application, *, announce: bool = True) -> None:
+    """From now on /readyz answers 503, new acquires and writes are refused (503
+    ``shutting_down``), and acquires waiting for a lock are answered 503 at once."""
+    state = app[STATE]
+    if not state.draining:
+        state.draining = True
+        state.drained.set()
+        if announce:
+            log.info(
+                "draining: /readyz is 503, waiting acquires and new acquires and writes get "
+                "503 shutting_down, requests in flight finish"
+            )
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    start_draining(app)
+    # fencegate serve drains (and says so) before this; a failed start has nothing to drain.
+    start_draining(app, announce=False)
 
 
 def _metrics_ctx(
@@ -155,15 +166,38 @@ def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
 
 
 async def _stores_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Start every store; one whose server is unreachable is retried in the background.
+
+    Unreachable (``StorageUnavailable``: PostgreSQL down or not yet up) does not
+    stop the gateway unless ``strict_start``: locks and the other stores serve,
+    that store answers 503 ``storage_unavailable`` and ``/readyz`` names it until
+    a retry starts it. Any other failure (a wrong password, a missing table) is
+    a configuration error and stops the start.
+    """
+    config = app[CONFIG]
     stores: dict[str, StoreEntry] = {}
+    retries: list[asyncio.Task[None]] = []
     try:
-        for store_config in app[CONFIG].stores.values():
+        for store_config in config.stores.values():
             try:
                 store = build_store(store_config, app[METRICS])
             except ValueError as exc:
                 raise StartupError(f"store {store_config.name!r}: {exc}") from exc
             try:
                 await store.start()
+            except StorageUnavailable as exc:
+                if config.strict_start:
+                    await _close(store)
+                    raise StartupError(
+                        f"store {store_config.name!r} could not start: {exc} (strict_start)"
+                    ) from exc
+                log.warning(
+                    "store %r cannot start yet (%s); serving without it: it answers 503 "
+                    "storage_unavailable until a retry reaches it",
+                    store_config.name,
+                    exc,
+                )
+                retries.append(asyncio.create_task(_start_later(store)))
             except StorageError as exc:
                 await _close(store)
                 raise StartupError(f"store {store_config.name!r} could not start: {exc}") from exc
@@ -178,7 +212,27 @@ async def _stores_ctx(app: web.Application) -> AsyncIterator[None]:
         app[STORES] = stores
         yield
     finally:
+        for task in retries:
+            task.cancel()
+        await asyncio.gather(*retries, return_exceptions=True)
         await asyncio.gather(*(_close(entry.store) for entry in stores.values()))
+
+
+async def _start_later(store: FencedStore) -> None:
+    """Retry ``store.start()`` with backoff until it succeeds (or a non-outage error)."""
+    delay = _RETRY_FIRST
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            await store.start()
+        except StorageUnavailable:
+            delay = min(delay * 2, _RETRY_MAX)  # logged once, at start: no line per attempt
+            continue
+        except StorageError as exc:
+            log.error("store %r cannot start: %s; it stays unavailable", store.name, exc)
+            return
+        log.info("store %r is reachable now and started", store.name)
+        return
 
 
 async def _close(store: FencedStore) -> None:

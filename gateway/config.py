@@ -4,7 +4,9 @@ Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
 
     listen = "127.0.0.1:8080"        metrics_listen = "127.0.0.1:9108"   (optional, /metrics only)
     allow_remote = false             max_body_bytes = 8388608
-    request_timeout_ms = 60000       shutdown_timeout_ms = 30000
+    request_timeout_ms = 60000       shutdown_timeout_ms = 30000   shutdown_grace_ms = 5000
+    log_level = "info"               log_format = "text" | "json"
+    strict_start = false             (true: a store that cannot start stops the start)
     [locks]  redis = [urls]  node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
              max_wait_ms = 30000  default_ttl_ms = 10000  default_wait_ms = 0
              issued_cache_size = 100000
@@ -28,9 +30,11 @@ in-process lock backend (one gateway only).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +52,7 @@ from gateway._sources import (
     set_path,
 )
 from gateway.errors import ConfigError
+from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from lockservice.node import parse_node_url
 
 __all__ = [
@@ -61,6 +66,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "redact",
+    "server_ssl_context",
 ]
 Fencing = Literal["token", "lease", "none"]
 VERBS: Final = frozenset({"lock", "read", "write"})
@@ -153,6 +159,30 @@ class TlsConfig:
     key: str
 
 
+def server_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    """The server's TLS context for ``[tls]``.
+
+    Raises:
+        ConfigError: the cert file holds no PEM certificate, or the key file no
+            private key matching it (names the file and the key).
+    """
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=tls.cert)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ConfigError(
+            f"config 'tls.cert' has value {tls.cert!r}: not a readable PEM certificate ({exc})"
+        ) from None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.cert, tls.key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"config 'tls.key' has value {tls.key!r}: not a readable PEM private key "
+            f"matching tls.cert {tls.cert!r} ({exc})"
+        ) from None
+    return context
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; build with ``load_config`` or ``parse_config``."""
@@ -167,6 +197,12 @@ class Config:
     metrics_listen: Address | None = None
     allow_remote: bool = False
     tls: TlsConfig | None = None
+    shutdown_grace: float = 5.0
+    log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
+    strict_start: bool = False
+    warnings: tuple[str, ...] = ()
+    """Not errors, but likely mistakes (a misspelled ``FENCEGATE_*`` variable)."""
 
 
 DEFAULT_STORES: Final = {"files": {"type": "files", "root": "./fencegate-data"}}
@@ -198,11 +234,12 @@ def load_config(
     if path is None and not any(k.startswith("FENCEGATE_STORES_") for k in env):
         raw["stores"] = copy.deepcopy(DEFAULT_STORES)
     origins: dict[str, str] = {}
-    apply_env(raw, env, origins)
+    warnings = apply_env(raw, env, origins)
     for dotted, value in (overrides or {}).items():
         set_path(raw, dotted.split("."), value)
         origins[dotted] = "command line"
-    return parse_config(raw, origins=origins)
+    config = parse_config(raw, origins=origins)
+    return dataclasses.replace(config, warnings=tuple(warnings)) if warnings else config
 
 
 def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = None) -> Config:
@@ -236,6 +273,16 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
             f"must exceed locks.max_wait_ms ({int(locks.max_wait * 1000)}) "
             "or a waiting acquire is cut off",
         )
+    shutdown_timeout = r.ms(raw, "shutdown_timeout_ms", "shutdown_timeout_ms", 30_000, low=0)
+    shutdown_grace = r.ms(raw, "shutdown_grace_ms", "shutdown_grace_ms", 5_000, low=0)
+    if "shutdown_grace_ms" not in raw:
+        shutdown_grace = min(shutdown_grace, shutdown_timeout / 2)
+    elif shutdown_grace > shutdown_timeout:
+        r.fail(
+            "shutdown_grace_ms",
+            int(shutdown_grace * 1000),
+            f"exceeds shutdown_timeout_ms ({int(shutdown_timeout * 1000)}), the whole shutdown",
+        )
     return Config(
         listen=listen,
         locks=locks,
@@ -243,10 +290,16 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
         auth_keys=keys,
         max_body_bytes=r.integer(raw, "max_body_bytes", "max_body_bytes", 8 << 20, low=1),
         request_timeout=request_timeout,
-        shutdown_timeout=r.ms(raw, "shutdown_timeout_ms", "shutdown_timeout_ms", 30_000, low=0),
+        shutdown_timeout=shutdown_timeout,
         metrics_listen=_address(r, raw, "metrics_listen"),
         allow_remote=allow_remote,
         tls=tls,
+        shutdown_grace=shutdown_grace,
+        log_level=r.choice(raw, "log_level", "log_level", LOG_LEVELS, "info"),
+        log_format=cast(
+            Literal["text", "json"], r.choice(raw, "log_format", "log_format", LOG_FORMATS, "text")
+        ),
+        strict_start=r.boolean(raw, "strict_start", "strict_start", False),
     )
 
 
@@ -293,6 +346,14 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
     if not isinstance(t, Mapping):
         r.fail(where, t, "must be a table")
     r.known(t, STORE_KEYS, where)
+    if "type" not in t:
+        came_from = sorted({o for p, o in r.origins.items() if p.startswith(f"{where}.")})
+        source = f" (the store comes from {', '.join(came_from)})" if came_from else ""
+        env = f"FENCEGATE_STORES_{name.upper().replace('-', '_')}_TYPE"
+        raise ConfigError(
+            f"config {where + '.type'!r} is not set{source}: a store needs type = "
+            f"'postgres' or 'files' (in the file, or {env}=postgres)"
+        )
     kind = r.choice(t, "type", f"{where}.type", ("postgres", "files"), None)
     fencing = r.choice(t, "fencing", f"{where}.fencing", ("token", "lease", "none"), "token")
     if kind == "files":

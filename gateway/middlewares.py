@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Final
 
 from aiohttp import web
@@ -36,6 +38,7 @@ from gateway.errors import (
     status_of,
 )
 from gateway.state import CONFIG, METRICS, STATE
+from storage_adapters import StoreNotStarted
 
 __all__ = [
     "MIDDLEWARES",
@@ -138,7 +141,8 @@ def _render(request: web.Request, exc: Exception) -> web.Response:
         return web.json_response(
             {"error": "internal", "message": "internal error; see the gateway log"}, status=500
         )
-    if status >= 500:
+    # Draining and a store that could not start yet are logged once, not per request.
+    if status >= 500 and not isinstance(exc, ShuttingDown | StoreNotStarted):
         log.warning("%s %s: %s", request.method, route_label(request), exc)
     return _json_error(exc, status)
 
@@ -174,10 +178,16 @@ def _authorize(key: ApiKey, request: web.Request) -> None:
     else:
         return  # /v1 routes on no lock or key (stats): any valid key; unmatched: 404/405
     if verb not in key.verbs:
-        raise Forbidden(f"key {key.name!r} may not {verb}")
+        allowed = ", ".join(sorted(key.verbs)) or "none"
+        raise Forbidden(f"key {key.name!r} lacks the verb {verb!r} (its verbs: {allowed})")
     if not any(target.startswith(p) for p in prefixes):
-        what = "lock" if verb == "lock" else "store key"
-        raise Forbidden(f"key {key.name!r} may not {verb} {what} {target!r}")
+        shown = ", ".join(repr(p) for p in prefixes) or "none"
+        if verb == "lock":
+            what = f"may not take the lock {target!r} (its lock prefixes: {shown})"
+        else:
+            action = "read" if verb == "read" else "write"
+            what = f"may not {action} {target!r} (its store prefixes: {shown})"
+        raise Forbidden(f"key {key.name!r} {what}")
 
 
 @web.middleware
@@ -191,9 +201,48 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 @web.middleware
 async def drain_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.app[STATE].draining and request.match_info.route.name in _WRITES:
+    state = request.app[STATE]
+    route = request.match_info.route.name
+    if state.draining and route in _WRITES:
         raise ShuttingDown("the gateway is shutting down; retry on another replica")
+    if route == "lock_acquire":
+        return await _unless_drained(state.drained, handler(request))
     return await handler(request)
+
+
+async def _unless_drained(
+    drained: asyncio.Event, call: Awaitable[web.StreamResponse]
+) -> web.StreamResponse:
+    """``call``'s answer, or 503 ``shutting_down`` if draining starts while it runs.
+
+    An acquire may wait up to ``max_wait_ms``: far longer than a shutdown may take.
+    Cancelling it runs the lock service's cleanup (no partial grant is left), and
+    the waiter gets an HTTP answer it can act on instead of a closed connection.
+    """
+    task = asyncio.ensure_future(call)
+    woken = asyncio.ensure_future(drained.wait())
+    try:
+        await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise
+    finally:
+        woken.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            return await task  # granted while being cancelled: the grant stands
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        raise ShuttingDown(
+            "the gateway is shutting down and stopped waiting for the lock; "
+            "retry on another replica"
+        )
+    return task.result()
 
 
 MIDDLEWARES: Final = (metrics_middleware, error_middleware, auth_middleware, drain_middleware)

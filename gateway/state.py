@@ -7,6 +7,7 @@ ever answers "yes, issued" for a token at or below a counter Redis returned.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
@@ -77,6 +78,8 @@ class GatewayState:
 
     def __init__(self, issued_cache_size: int) -> None:
         self.draining = False
+        self.drained = asyncio.Event()
+        """Set with ``draining``: wakes acquires that wait, so they answer 503 at once."""
         self.issued = IssuedCache(issued_cache_size)
 
 

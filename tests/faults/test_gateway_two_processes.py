@@ -178,6 +178,7 @@ async def cluster(
     """Two gateways over three Redis nodes, with a kv store (one schema) and a files store."""
     raw = {
         "shutdown_timeout_ms": 2000,
+        "shutdown_grace_ms": 0,  # no load balancer to tell: close at once
         "locks": {"redis": [n.url for n in redis3], "node_timeout_ms": 500},
         "stores": {
             "kv": {"type": "postgres", "dsn": pg_dsn, "schema": pg_schema},

@@ -28,7 +28,7 @@ def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     path.write_text('listen = "127.0.0.1:9999"\n[stores.docs]\ntype = "files"\nroot = "/tmp/d"\n')
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("OK")
+    assert out.startswith("ok: ")
     assert "docs" in out
     assert "in-process" in out
 
@@ -60,6 +60,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subp
     cwd = tmp_path_factory.mktemp("serve")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
+    env["FENCEGATE_SHUTDOWN_GRACE_MS"] = "0"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--listen", f"127.0.0.1:{port}"],
         cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
@@ -162,7 +163,7 @@ def test_serve_says_it_uses_the_in_process_backend_and_stops_on_sigterm(
     proc.send_signal(signal.SIGTERM)
     _, log = proc.communicate(timeout=20)
     assert proc.returncode == 0, log
-    assert "IN-PROCESS" in log
+    assert "in this process only" in log
     assert "store 'files': files under ./fencegate-data" in log
     assert f"listening on {url}" in log
     assert "draining" in log
@@ -182,6 +183,7 @@ def test_serve_with_tls_auth_and_a_metrics_listener(tmp_path: Path) -> None:
     config = tmp_path / "fencegate.toml"
     config.write_text(
         f'listen = "127.0.0.1:{port}"\nmetrics_listen = "127.0.0.1:{metrics_port}"\n'
+        "shutdown_grace_ms = 0\n"
         f'[tls]\ncert = "{cert}"\nkey = "{key}"\n'
         f'[stores.docs]\ntype = "files"\nroot = "{tmp_path / "docs"}"\n'
         f'[[auth.keys]]\nname = "ops"\nsha256 = "{hashlib.sha256(secret.encode()).hexdigest()}"\n'

@@ -157,7 +157,7 @@ def test_extra_knobs() -> None:
         ({"max_body_bytes": -1}, ["'max_body_bytes'", "-1"]),
         ({"allow_remote": "yes"}, ["'allow_remote'", "true or false"]),
         ({"stores": {"kv": {"type": "mysql"}}}, ["'stores.kv.type'", "'mysql'"]),
-        ({"stores": {"kv": {"dsn": "postgresql://x/y"}}}, ["'stores.kv.type'", "None"]),
+        ({"stores": {"kv": {"dsn": "postgresql://x/y"}}}, ["'stores.kv.type'", "is not set"]),
         ({"stores": {"kv": {"type": "postgres"}}}, ["'stores.kv.dsn'", "dsn"]),
         ({"stores": {"kv": {"type": "postgres", "dsn": "mysql://u:hunter2@h/d"}}},
          ["'stores.kv.dsn'", "***"]),

@@ -59,7 +59,8 @@ class GatewayProcess:
         self.workdir = workdir
         self.port = free_port()
         self.config = workdir / "fencegate.toml"
-        self.config.write_text(f'listen = "127.0.0.1:{self.port}"\n{toml}')
+        # shutdown_grace_ms = 0: no load balancer to tell, close at once on SIGTERM
+        self.config.write_text(f'listen = "127.0.0.1:{self.port}"\nshutdown_grace_ms = 0\n{toml}')
         self.log = workdir / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -1,0 +1,201 @@
+"""``fencegate serve``: start a gateway, say what it runs on, and shut it down as a load
+balancer needs.
+
+Shutdown on SIGTERM or SIGINT, within ``shutdown_timeout_ms`` of the signal:
+
+1. At once: ``/readyz`` answers 503, acquires waiting for a lock and any new
+   acquire or store write get 503 ``shutting_down``; renew, release, reads and
+   requests in flight carry on. The listener stays open.
+2. For ``shutdown_grace_ms`` (default 5000, at most half of
+   ``shutdown_timeout_ms`` unless set): a load balancer's health check sees
+   the 503 and stops sending; clients that still come get an HTTP answer, not
+   a refused connection. A second signal ends the grace period early.
+3. Then the listener closes (new connections are refused), idle connections
+   close, and requests in flight get what is left of ``shutdown_timeout_ms``
+   minus a reserve to close Redis and storage connections.
+4. ``stopped`` is logged and the process exits 0.
+
+Failures to start (a port in use, an unusable certificate, a store that cannot
+start with ``strict_start``) are one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Coroutine
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from gateway.app import StartupError, create_app, start_draining
+from gateway.config import Address, Config, ConfigError, server_ssl_context
+from gateway.logs import setup_logging
+from lockservice.node import parse_node_url
+
+__all__ = ["REFUSED", "serve"]
+
+log = logging.getLogger("fencegate")
+
+REFUSED: Final = 1
+_CLOSE_RESERVE: Final = 1.0
+"""Seconds of ``shutdown_timeout_ms`` kept for closing Redis and storage connections."""
+
+
+def serve(config: Config, *, access_log: bool = False, log_level: str | None = None) -> int:
+    """Run a gateway for ``config`` until SIGTERM/SIGINT; the exit status."""
+    setup_logging(log_level or config.log_level, config.log_format)
+    for warning in config.warnings:
+        log.warning("%s", warning)
+    try:
+        tls = server_ssl_context(config.tls) if config.tls is not None else None
+    except ConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return REFUSED
+    try:
+        return _run(_serve_until_signal(config, tls, access_log=access_log))
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return REFUSED
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - not on every platform
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
+def _announce(config: Config) -> None:
+    # The in-process backend is announced by the lock service itself when it starts.
+    if config.locks.redis:
+        labels = ", ".join(parse_node_url(u).label for u in config.locks.redis)
+        log.info("lock backend: Redlock over %d redis node(s): %s", len(config.locks.redis), labels)
+    if config.auth_keys:
+        log.info(
+            "auth: %d key(s): %s",
+            len(config.auth_keys),
+            ", ".join(k.name for k in config.auth_keys),
+        )
+    else:
+        log.warning(
+            "auth: none configured; any client that reaches %s may lock and write", config.listen
+        )
+
+
+async def _start_site(runner: web.AppRunner, where: Address, key: str, **kwargs: Any) -> None:
+    try:
+        await web.TCPSite(runner, where.host, where.port, **kwargs).start()
+    except OSError as exc:
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise StartupError(f"cannot listen on {where} ({key}): {reason or exc}") from None
+
+
+async def _serve_until_signal(
+    config: Config, tls: ssl.SSLContext | None, *, access_log: bool = False
+) -> int:
+    _announce(config)
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    app = create_app(config, registry=registry)
+    grace = min(config.shutdown_grace, config.shutdown_timeout)
+    in_flight = max(0.0, config.shutdown_timeout - grace - _CLOSE_RESERVE)
+    # No access log unless asked: it costs ~10% of a request, and /metrics counts requests.
+    options: dict[str, Any] = {} if access_log else {"access_log": None}
+    runners = [web.AppRunner(app, shutdown_timeout=in_flight, **options)]
+    signals = _Signals()
+    try:
+        await runners[0].setup()
+        await _start_site(runners[0], config.listen, "listen", ssl_context=tls)
+        if config.metrics_listen is not None:
+            metrics_app = web.Application()
+            metrics_app.router.add_get("/metrics", make_aiohttp_handler(registry))
+            runners.append(web.AppRunner(metrics_app, access_log=None))
+            await runners[1].setup()
+            await _start_site(runners[1], config.metrics_listen, "metrics_listen")
+        scheme = "https" if tls else "http"
+        for address in runners[0].addresses:
+            log.info("fencegate listening on %s://%s", scheme, _address(address))
+        if len(runners) > 1:
+            log.info("metrics on http://%s/metrics", _address(runners[1].addresses[0]))
+        await signals.next()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.shutdown_timeout
+        start_draining(app)
+        if grace > 0:
+            log.info(
+                "shutting down: the listener stays open for %.1f s (shutdown_grace_ms), then "
+                "requests in flight get up to %.1f s more (shutdown_timeout_ms %.1f s in all)",
+                grace,
+                in_flight,
+                config.shutdown_timeout,
+            )
+            if await signals.next(within=grace):
+                log.info("second signal: ending the grace period early")
+        log.info("closing the listener; finishing requests in flight (up to %.1f s)", in_flight)
+        await _cleanup(runners, deadline)
+    finally:
+        signals.close()
+        await _cleanup(runners, None)
+    log.info("stopped")
+    return 0
+
+
+async def _cleanup(runners: list[web.AppRunner], deadline: float | None) -> None:
+    """Close ``runners`` (newest first); past ``deadline`` the rest is abandoned."""
+    loop = asyncio.get_running_loop()
+    while runners:
+        runner = runners.pop()
+        left = None if deadline is None else max(0.0, deadline - loop.time())
+        try:
+            async with asyncio.timeout(left):
+                await runner.cleanup()
+        except TimeoutError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.warning("shutdown_timeout_ms reached: exiting without finishing the shutdown")
+            runners.clear()
+
+
+def _address(address: Any) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Signals:
+    """SIGTERM and SIGINT as events the serve loop waits for."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[int] = asyncio.Queue()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._queue.put_nowait, sig)
+
+    async def next(self, within: float | None = None) -> bool:
+        """Wait for a signal; False when ``within`` seconds passed first."""
+        try:
+            async with asyncio.timeout(within):
+                await self._queue.get()
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.remove_signal_handler(sig)
+
+
+def fail(message: str) -> int:
+    """Print one ``fencegate: ...`` line to stderr; the exit status for a refusal."""
+    print(f"fencegate: {message}", file=sys.stderr)
+    return REFUSED
