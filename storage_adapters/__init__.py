@@ -10,6 +10,7 @@ from storage_adapters.errors import (
     StaleToken,
     StorageError,
     StorageUnavailable,
+    StoreNotStarted,
     TableMismatch,
     TokenNotIssued,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "StoreHooks",
+    "StoreNotStarted",
     "TableMismatch",
     "TokenNotIssued",
     "validate_key",

@@ -16,9 +16,16 @@ from typing import Any, Final
 import asyncpg
 
 from storage_adapters.base import NO_HOOKS, FencedStore, StoreHooks
-from storage_adapters.errors import BadValue, StaleToken, StorageError, StorageUnavailable
+from storage_adapters.errors import (
+    BadValue,
+    StaleToken,
+    StorageError,
+    StorageUnavailable,
+    StoreNotStarted,
+)
 
 __all__ = [
+    "RECONNECT_LOG",
     "PgStoreBase",
     "ensure_tables",
     "fence_ddl",
@@ -37,6 +44,46 @@ _DDL_LOCK_KEY: Final = int.from_bytes(b"fencegat", "big", signed=True)
 _UNAVAILABLE_CLASSES: Final = frozenset({"08", "40", "53", "55", "57", "58", "XX"})
 # SQLSTATE classes that say "this value cannot be stored" (data exception, constraint).
 _BAD_VALUE_CLASSES: Final = frozenset({"22", "23"})
+
+
+class _ReconnectLog(logging.Filter):
+    """One line per change of reason instead of asyncpg's traceback per reconnect attempt.
+
+    While PostgreSQL is down, asyncpg's pool logs "Failed to restore the pool
+    connection floor; retrying" at WARNING with a full traceback on every
+    attempt, burying real errors. This filter on the ``asyncpg.pool`` logger
+    keeps the first attempt of each reason as one line without the traceback
+    and drops the repeats; ``recovered`` (a store reached the server again)
+    logs that once and re-arms it.
+    """
+
+    _PREFIX: Final = "Failed to restore the pool connection floor"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self._PREFIX):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        reason = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown reason"
+        record.exc_info, record.exc_text = None, None
+        if reason == self.reason:
+            return False
+        self.reason = reason
+        record.msg = "PostgreSQL pool cannot reconnect (%s); retrying (said once per reason)"
+        record.args = (reason,)
+        return True
+
+    def recovered(self, store: str) -> None:
+        if self.reason is not None:
+            self.reason = None
+            log.warning("store %r reaches PostgreSQL again", store)
+
+
+RECONNECT_LOG: Final = _ReconnectLog()
+logging.getLogger("asyncpg.pool").addFilter(RECONNECT_LOG)
 
 
 def quote_ident(name: str) -> str:
@@ -242,10 +289,12 @@ class PgStoreBase(FencedStore):
         with pg_errors(self.name):
             async with pool.acquire(timeout=self._acquire_timeout) as conn:
                 yield conn
+        if RECONNECT_LOG.reason is not None:  # the block ran: the server answers again
+            RECONNECT_LOG.recovered(self.name)
 
     def _require_started(self) -> Any:
         if self._pool is None:
-            raise StorageUnavailable(self.name, "the store is not started or was closed")
+            raise StoreNotStarted(self.name)
         return self._pool
 
     async def _stale(self, conn: Any, scope: str, token: int) -> StaleToken:

@@ -14,6 +14,7 @@ __all__ = [
     "StaleToken",
     "StorageError",
     "StorageUnavailable",
+    "StoreNotStarted",
     "TableMismatch",
     "TokenNotIssued",
 ]
@@ -74,6 +75,13 @@ class StorageUnavailable(StorageError):
         super().__init__(f"store {store!r} is unavailable: {reason}")
         self.store = store
         self.reason = reason
+
+
+class StoreNotStarted(StorageUnavailable):
+    """The store has not started (its server was unreachable at start) or was closed."""
+
+    def __init__(self, store: str) -> None:
+        super().__init__(store, "not started: its server was unreachable at start, or it closed")
 
 
 class BadValue(StorageError):

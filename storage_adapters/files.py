@@ -54,7 +54,14 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from storage_adapters.base import DEFAULT_CONTENT_TYPE, NO_HOOKS, FencedStore, Record, StoreHooks
-from storage_adapters.errors import BadValue, NotFound, StaleToken, StorageError, StorageUnavailable
+from storage_adapters.errors import (
+    BadValue,
+    NotFound,
+    StaleToken,
+    StorageError,
+    StorageUnavailable,
+    StoreNotStarted,
+)
 
 __all__ = ["HIDDEN", "FileStore"]
 
@@ -461,7 +468,7 @@ class FileStore(FencedStore):
 
     def _require_started(self) -> None:
         if not self._started:
-            raise StorageUnavailable(self.name, "the store is not started or was closed")
+            raise StoreNotStarted(self.name)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """Run blocking file I/O in a thread; OS errors become ``StorageError`` s."""
