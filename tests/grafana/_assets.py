@@ -17,6 +17,7 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 GRAFANA: Final = ROOT / "grafana"
 DASHBOARD: Final = GRAFANA / "dashboards" / "fencegate.json"
 ALERTS: Final = GRAFANA / "prometheus" / "alerts.yml"
+ALERT_TESTS: Final = ROOT / "tests" / "grafana" / "alerts_test.yml"
 SCRAPE_CONFIG: Final = GRAFANA / "prometheus" / "prometheus.yml"
 DEPLOY: Final = ROOT / "deploy"
 PROMETHEUS: Final = Path("/usr/bin/prometheus")
@@ -26,6 +27,8 @@ NO_PROMETHEUS: Final = (
     "./dev test installs it): the real-Prometheus test cannot run"
 )
 NO_PROMTOOL: Final = "/usr/bin/promtool is not installed (Debian package 'prometheus')"
+AMTOOL: Final = Path("/usr/bin/amtool")
+NO_AMTOOL: Final = "/usr/bin/amtool is not installed (Debian package 'prometheus-alertmanager')"
 
 VARIABLES: Final = {
     "$__rate_interval": "1m",

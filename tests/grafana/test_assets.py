@@ -18,10 +18,13 @@ from gateway.cli import main as fencegate
 from gateway.config import load_config
 from gateway.metrics import Metrics
 from tests.grafana._assets import (
+    ALERT_TESTS,
     ALERTS,
+    AMTOOL,
     DASHBOARD,
     DEPLOY,
     GRAFANA,
+    NO_AMTOOL,
     NO_PROMTOOL,
     PROMTOOL,
     ROOT,
@@ -159,7 +162,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules_is_clean() -> None:
     done = _promtool("check", "rules", str(ALERTS))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout
+    assert "SUCCESS: 7 rules found" in done.stdout
     assert "WARNING" not in (done.stdout + done.stderr).upper()
 
 
@@ -168,6 +171,40 @@ def test_promtool_check_config_is_clean() -> None:
     done = _promtool("check", "config", str(SCRAPE_CONFIG))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 rule files found" in done.stdout
+
+
+@pytest.mark.skipif(not PROMTOOL.exists(), reason=NO_PROMTOOL)
+def test_alerts_fire_as_their_unit_tests_say() -> None:
+    """``promtool test rules``: a gateway down, quorum lost with no traffic, store 5xx."""
+    done = _promtool("test", "rules", str(ALERT_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+    tested = set(re.findall(r"alertname:\s*(\w+)", ALERT_TESTS.read_text()))
+    assert {"FencegateDown", "FencegateQuorumLost", "FencegateStorageErrors"} <= tested
+
+
+@pytest.mark.skipif(not AMTOOL.exists(), reason=NO_AMTOOL)
+def test_alertmanager_config_is_valid() -> None:
+    done = subprocess.run(
+        [str(AMTOOL), "check-config", str(DEPLOY / "alertmanager.yml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_alerts_reach_the_compose_alertmanager_and_its_webhook() -> None:
+    compose = (DEPLOY / "compose.yaml").read_text()
+    scrape = SCRAPE_CONFIG.read_text()
+    manager = (DEPLOY / "alertmanager.yml").read_text()
+    assert "alertmanager:9093" in scrape
+    assert re.search(r"^  alertmanager:", compose, re.MULTILINE)
+    assert "./alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in compose
+    webhook = re.search(r"url:\s*http://([\w-]+):(\d+)/", manager)
+    assert webhook is not None
+    assert re.search(rf"^  {webhook.group(1)}:", compose, re.MULTILINE)
+    assert f'("", {webhook.group(2)})' in (DEPLOY / "alert_log.py").read_text()
+    for block in ALERTS.read_text().split("- alert:")[1:]:
+        assert re.search(r"severity: (critical|warning)", block), block.split()[0]
 
 
 # provisioning and deploy
@@ -197,7 +234,7 @@ def test_every_file_compose_mounts_or_builds_exists() -> None:
     assert dockerfile is not None
     assert (ROOT / dockerfile.group(1)).is_file()
     for service in ("redis-1", "redis-2", "redis-3", "postgres", "gateway-1", "gateway-2",
-                    "prometheus", "grafana"):  # fmt: skip
+                    "prometheus", "alertmanager", "alert-log", "grafana"):  # fmt: skip
         assert re.search(rf"^  {service}:", compose, re.MULTILINE), service
     assert "noeviction" in compose
 
