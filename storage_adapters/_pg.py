@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from storage_adapters.base import NO_HOOKS, FencedStore, StoreHooks
+from storage_adapters.base import DEFAULT_CONTENT_TYPE, NO_HOOKS, FencedStore, Record, StoreHooks
 from storage_adapters.errors import (
     BadValue,
     StaleToken,
@@ -288,9 +288,56 @@ class PgStoreBase(FencedStore):
         pool = self._require_started()
         with pg_errors(self.name):
             async with pool.acquire(timeout=self._acquire_timeout) as conn:
-                yield conn
+                try:
+                    yield conn
+                except asyncpg.exceptions.InternalClientError:
+                    # Its protocol is out of step with the server (see _not_sent): never
+                    # hand it out again; the pool opens a new one in its place.
+                    conn.terminate()
+                    raise
         if RECONNECT_LOG.reason is not None:  # the block ran: the server answers again
             RECONNECT_LOG.recovered(self.name)
+
+    # A connection that PostgreSQL ends while it is idle in the pool (fast shutdown,
+    # pg_terminate_backend) first receives an ErrorResponse (FATAL 57P01). asyncpg's
+    # protocol, idle, cannot place it and stays in its error-consuming state until the
+    # socket's close is processed; a query given that connection in between fails with
+    # "InternalClientError: cannot switch to state 12; another operation (2) is in
+    # progress" before that statement is sent. The connection is terminated (``_conn``)
+    # and the call retried once on another: every call is idempotent for its token (a
+    # mark raised to the same token, the same write or delete again), and a transaction
+    # left open dies with the terminated connection.
+    async def put(
+        self,
+        scope: str,
+        key: str,
+        token: int | None,
+        body: bytes,
+        *,
+        content_type: str = DEFAULT_CONTENT_TYPE,
+    ) -> int | None:
+        try:
+            return await super().put(scope, key, token, body, content_type=content_type)
+        except StorageUnavailable as exc:
+            if not _not_sent(exc):
+                raise
+        return await super().put(scope, key, token, body, content_type=content_type)
+
+    async def get(self, scope: str, key: str, token: int | None) -> Record:
+        try:
+            return await super().get(scope, key, token)
+        except StorageUnavailable as exc:
+            if not _not_sent(exc):
+                raise
+        return await super().get(scope, key, token)
+
+    async def delete(self, scope: str, key: str, token: int | None) -> None:
+        try:
+            return await super().delete(scope, key, token)
+        except StorageUnavailable as exc:
+            if not _not_sent(exc):
+                raise
+        return await super().delete(scope, key, token)
 
     def _require_started(self) -> Any:
         if self._pool is None:
@@ -309,6 +356,14 @@ class PgStoreBase(FencedStore):
         accepted = await conn.fetchval(raise_mark_sql(self._schema_q), scope, token)
         if accepted is None:
             raise await self._stale(conn, scope, token)
+
+
+def _not_sent(exc: StorageUnavailable) -> bool:
+    """The call failed on a connection whose protocol could not start its next statement."""
+    cause = exc.__cause__
+    return isinstance(cause, asyncpg.exceptions.InternalClientError) and str(cause).startswith(
+        "cannot switch to state"
+    )
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
