@@ -27,7 +27,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, TokenRequired
-from gateway.config import ConfigError, load_config, server_ssl_context
+from gateway.config import ConfigError, load_config
+from gateway.tls import server_ssl_context
 
 __all__ = ["main"]
 

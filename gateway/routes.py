@@ -128,7 +128,12 @@ async def renew(request: web.Request) -> web.Response:
     """
     name = _lock_name(request)
     locks = request.app[CONFIG].locks
-    body = await _json_object(request, {"lease_id", "ttl_ms"})
+    body = await _json_object(request, {"lease_id", "ttl_ms", "wait_ms"})
+    if "wait_ms" in body or "lease_id" not in body:  # an acquire of a name ending in /renew
+        raise BadRequest(
+            f"this is the renew route of lock {name!r}: it needs lease_id (and takes ttl_ms); "
+            "to take a lock, use a name whose last segment is not 'renew'"
+        )
     lease_id = _lease_id(body.get("lease_id"), "lease_id")
     ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
     # The gateway keeps no lease: a handle (name + id) is all the lock service needs;

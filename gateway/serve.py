@@ -35,8 +35,9 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gateway.app import StartupError, create_app, start_draining
-from gateway.config import Address, Config, ConfigError, server_ssl_context
+from gateway.config import Address, Config, ConfigError
 from gateway.logs import setup_logging
+from gateway.tls import server_ssl_context
 from lockservice.node import parse_node_url
 
 __all__ = ["REFUSED", "serve"]

@@ -101,6 +101,19 @@ async def test_put_without_token_names_the_option_and_get_json_keeps_binary_bodi
     assert base64.b64decode(reply["body_base64"]) == body.read_bytes()
 
 
+async def test_an_acquire_body_on_the_renew_route_says_what_the_route_is(
+    start: Start, files_root: Path
+) -> None:
+    client: Client = await start(make_config())
+    for body in ({"ttl_ms": 1000, "wait_ms": 0}, {"ttl_ms": 1000}, {}):
+        response = await client.post("/v1/locks/a/renew", json=body)
+        message = (await response.json())["message"]
+        assert response.status == 400
+        assert "renew route of lock 'a'" in message
+        assert "last segment is not 'renew'" in message
+        assert "unknown field" not in message
+
+
 async def test_forbidden_messages_read_as_sentences(start: Start, files_root: Path) -> None:
     stores = {"files": {"type": "files", "root": str(files_root)}}
     client: Client = await start(make_config(stores=stores, auth=auth_section()))
