@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -76,7 +77,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+async def post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[int, Any]:
     async with session.post(url, json=body) as response:
         return response.status, await response.json()
 
