@@ -38,7 +38,6 @@ from gateway.app import StartupError, create_app, start_draining
 from gateway.config import Address, Config, ConfigError
 from gateway.logs import setup_logging
 from gateway.tls import server_ssl_context
-from lockservice.node import parse_node_url
 
 __all__ = ["REFUSED", "serve"]
 
@@ -76,10 +75,8 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
 
 
 def _announce(config: Config) -> None:
-    # The in-process backend is announced by the lock service itself when it starts.
-    if config.locks.redis:
-        labels = ", ".join(parse_node_url(u).label for u in config.locks.redis)
-        log.info("lock backend: Redlock over %d redis node(s): %s", len(config.locks.redis), labels)
+    # The lock backend (Redlock and its nodes, or the in-process one) is announced once,
+    # by the lock service itself when it starts.
     if config.auth_keys:
         log.info(
             "auth: %d key(s): %s",
