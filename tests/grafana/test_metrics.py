@@ -412,3 +412,31 @@ async def test_killed_node_state_becomes_down(
             break
         await asyncio.sleep(0.1)
     assert value(registry, "fencegate_redis_node_state", node=node, state="down") == 1
+
+
+@pytest.mark.faults
+async def test_killed_nodes_are_down_in_the_gauge_with_only_readiness_probes(
+    gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
+    own_redis3: list[RedisNode],
+) -> None:
+    """What FencegateQuorumLost's gauge part needs: no client traffic, only the /readyz
+    probes a load balancer sends, and the killed nodes are down in the gauge."""
+    client, registry = await gateway(own_redis3)
+    killed = own_redis3[:2]
+    for node in killed:
+        node.kill()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:  # no lock or store request at all meanwhile
+        healthy = [
+            value(
+                registry, "fencegate_redis_node_state", node=f"127.0.0.1:{n.port}", state="healthy"
+            )
+            for n in own_redis3
+        ]
+        if sum(healthy) * 2 <= len(healthy):  # the alert's condition
+            break
+        await client.get("/readyz")
+        await asyncio.sleep(0.1)
+    for node in killed:
+        labels = {"node": f"127.0.0.1:{node.port}"}
+        assert value(registry, "fencegate_redis_node_state", state="down", **labels) == 1
