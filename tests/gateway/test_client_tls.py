@@ -48,6 +48,8 @@ async def test_async_client_trusts_a_ca_file_a_context_or_nothing(
             client.lock("files/tls", ttl=5.0) as lease,
         ):
             assert await client.put("files", "tls", b"x", token=lease.token) == lease.token
+            assert lease.valid_ms is not None
+            assert 0 < lease.valid_ms <= 5000
 
 
 async def test_sync_client_trusts_a_ca_file_a_context_or_nothing(

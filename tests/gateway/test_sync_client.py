@@ -84,8 +84,12 @@ async def test_lock_put_get_delete_and_typed_errors(url: str) -> None:
             client.put("files", "sync/b", "none", token=None)
         with pytest.raises(fg.UnknownStore):
             client.get("nope", "k")
+        assert second.valid_ms is not None
+        assert 0 < second.valid_ms <= 5000
         renewed = client.renew(second, ttl=2.0)
         assert renewed.token == second.token
+        assert renewed.valid_ms is not None
+        assert 0 < renewed.valid_ms <= 2000
         assert 1.0 < renewed.remaining() <= 2.0
         client.release(renewed)
 
