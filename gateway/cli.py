@@ -29,6 +29,7 @@ from typing import Any, Final
 from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, TokenRequired
 from gateway.config import ConfigError, load_config
 from gateway.tls import server_ssl_context
+from gateway.pg_cli import add_parser as add_pg_parser
 
 __all__ = ["main"]
 
@@ -266,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file (and FENCEGATE_* env)")
     check.add_argument("file")
     check.set_defaults(handler=_check_config)
+    add_pg_parser(sub)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(

@@ -21,6 +21,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
     TableMismatch,
     TokenNotIssued,
+    UnfencedRefused,
 )
 
 __all__ = [
@@ -190,6 +191,7 @@ STATUS: Final[Mapping[type[Exception], int]] = {
     NotLeaseHolder: 409,
     TooLarge: 413,
     TokenRequired: 428,
+    UnfencedRefused: 428,
     QuorumUnavailable: 503,
     StorageUnavailable: 503,
     TableMismatch: 503,

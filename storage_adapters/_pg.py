@@ -22,6 +22,7 @@ from storage_adapters.errors import (
     StorageError,
     StorageUnavailable,
     StoreNotStarted,
+    UnfencedRefused,
 )
 
 __all__ = [
@@ -102,16 +103,22 @@ def fence_ddl(schema_q: str) -> str:
     )
 
 
-def raise_mark_sql(schema_q: str, scope: str = "$1", token: str = "$2") -> str:
+def raise_mark_sql(schema_q: str, scope: str = "$1", token: str = "$2", *, after: str = "") -> str:
     """The fence check: returns the token when accepted (mark raised or equal), else no row.
 
     ``ON CONFLICT DO UPDATE`` locks the fence row even when its ``WHERE`` fails and
     re-reads the newest committed version after waiting, so concurrent writers of one
-    scope queue on that row lock until the writer ahead of them commits.
+    scope queue on that row lock until the writer ahead of them commits. ``after``
+    (a FROM list of one-row items) is evaluated before the fence row is touched.
     """
+    source = (
+        f"SELECT {scope}::text, {token}::bigint, now() FROM {after}"
+        if after
+        else f"VALUES ({scope}::text, {token}::bigint, now())"
+    )
     return (
         f"INSERT INTO {schema_q}.fencegate_fence AS f (scope, token, updated_at)"
-        f" VALUES ({scope}::text, {token}::bigint, now())"
+        f" {source}"
         " ON CONFLICT (scope) DO UPDATE"
         " SET token = EXCLUDED.token, updated_at = EXCLUDED.updated_at"
         " WHERE f.token <= EXCLUDED.token"
@@ -149,6 +156,10 @@ def _translate(store: str, exc: BaseException) -> StorageError:
     if isinstance(exc, asyncpg.PostgresError):
         state = str(getattr(exc, "sqlstate", "") or "")
         text = f"{exc} (SQLSTATE {state})" if state else str(exc)
+        if state == "FG409":  # the in-database trigger (pg_fencing.py): stale token
+            return _stale_from_trigger(exc)
+        if state == "FG428":
+            return UnfencedRefused(store, text)
         if state[:2] in _UNAVAILABLE_CLASSES or isinstance(exc, asyncpg.PostgresConnectionError):
             return StorageUnavailable(store, text)
         if state[:2] in _BAD_VALUE_CLASSES:
@@ -160,6 +171,18 @@ def _translate(store: str, exc: BaseException) -> StorageError:
     if isinstance(exc, TimeoutError):
         return StorageUnavailable(store, "timed out")
     return StorageUnavailable(store, f"{type(exc).__name__}: {exc}")
+
+
+def _stale_from_trigger(exc: BaseException) -> StorageError:
+    """``StaleToken`` from the trigger's DETAIL ``token=N high_water=M scope=S``."""
+    detail = str(getattr(exc, "detail", "") or "")
+    fields = dict(part.split("=", 1) for part in detail.split(" ", 2) if "=" in part)
+    try:
+        return StaleToken(
+            int(fields["token"]), int(fields["high_water"]), scope=fields.get("scope", "")
+        )
+    except (KeyError, ValueError):
+        return StorageError(f"refused by the in-database fencing trigger: {exc}")
 
 
 @contextmanager

@@ -17,6 +17,7 @@ __all__ = [
     "StoreNotStarted",
     "TableMismatch",
     "TokenNotIssued",
+    "UnfencedRefused",
 ]
 
 
@@ -108,3 +109,16 @@ class TableMismatch(StorageError):
         self.store = store
         self.table = table
         self.problems = list(problems)
+
+
+class UnfencedRefused(StorageError):
+    """The table's in-database fencing trigger refused a write that carried no token."""
+
+    code = "token_required"
+
+    def __init__(self, store: str, reason: str) -> None:
+        super().__init__(
+            f"store {store!r}: the table's fencing trigger refuses writes without a token"
+            f" ({reason}); send X-Fencing-Token, or reinstall it with --allow-unfenced"
+        )
+        self.store = store

@@ -33,6 +33,12 @@ __all__ = ["PostgresLegacyStore"]
 
 _TOKENS: Final = "fencegate_legacy_token"
 _JSON: Final = "application/json"
+# $1 scope, $2 token: the settings the in-database trigger reads (pg_fencing.py),
+# local to the transaction.
+_SETTINGS_CTE: Final = (
+    "cfg AS (SELECT set_config('fencegate.token', $2::bigint::text, true) AS t,"
+    " set_config('fencegate.lock', $1::text, true) AS l)"
+)
 
 _COLUMNS_SQL: Final = (
     "SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS full_type,"
@@ -190,6 +196,14 @@ class PostgresLegacyStore(PgStoreBase):
             f" DELETE FROM {self._tokens_q} AS t USING gone WHERE t.store = $2 AND t.key = gone.key"
         )
 
+    def _lock_row_sql(self, key_arg: str) -> str:
+        """Lock the row of the key ``key_arg`` (if it exists) for the rest of the transaction."""
+        key = self._catalog[self.key_column]
+        return (
+            f"SELECT 1 FROM {self._table_q} AS d"
+            f" WHERE d.{key.quoted} = CAST({key_arg}::text AS {key.base_type}) FOR UPDATE"
+        )
+
     def _put_sql(self, fenced: bool, present: tuple[str, ...]) -> str:
         """The upsert for the columns ``present`` in the body, built once per column set.
 
@@ -216,8 +230,14 @@ class PostgresLegacyStore(PgStoreBase):
             f" AS r({', '.join(f'{c.quoted} {c.full_type}' for c in cols)})"
         )
         if fenced:
+            # Lock order (as the in-database trigger, pg_fencing.py): the data row of
+            # the key first (``held``, when it exists), then the fence row. ``cfg``
+            # tells that trigger, if installed, the token and scope of this write.
+            after = "cfg, (SELECT count(*) FROM held) AS h"
             head = (
-                f"WITH fence AS ({raise_mark_sql(self._schema_q, '$1', '$2')}),"
+                f"WITH {_SETTINGS_CTE},"
+                f" held AS ({self._lock_row_sql(key_arg)}),"
+                f" fence AS ({raise_mark_sql(self._schema_q, '$1', '$2', after=after)}),"
                 f" src AS (SELECT r.* FROM fence, {record}),"
             )
             token, tail = "(SELECT token FROM fence)", "SELECT token FROM fence"
@@ -295,5 +315,13 @@ class PostgresLegacyStore(PgStoreBase):
                 await conn.execute(self._delete_sql, key, self.name)
                 return
             async with conn.transaction():
+                # The row, then the fence row: the order of every fenced writer.
+                await conn.execute(
+                    f"WITH {_SETTINGS_CTE} SELECT count(*) FROM cfg,"
+                    f" (SELECT count(*) FROM ({self._lock_row_sql('$3')}) AS l) AS h",
+                    scope,
+                    token,
+                    key,
+                )
                 await self._raise_mark(conn, scope, token)
                 await conn.execute(self._delete_sql, key, self.name)

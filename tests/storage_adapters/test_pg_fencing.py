@@ -1,0 +1,276 @@
+"""Fencing inside PostgreSQL: the trigger against direct writers, next to the proxy's writes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import asyncpg
+import psycopg
+import pytest
+
+from storage_adapters import PostgresLegacyStore, StaleToken, TableMismatch
+from storage_adapters.errors import UnfencedRefused
+from storage_adapters.pg_fencing import (
+    fenced_transaction,
+    fenced_transaction_sync,
+    fencing_status,
+    install_fencing,
+    uninstall_fencing,
+)
+from tests.storage_adapters.conftest import create_accounts, pg_settings
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def accounts(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresLegacyStore]:
+    """The proxy's store over ``accounts``; its start creates ``fencegate_fence``."""
+    await create_accounts(pg_dsn, pg_schema)
+    store = PostgresLegacyStore(
+        "accounts",
+        pg_dsn,
+        table="accounts",
+        key_column="id",
+        columns=["v", "note"],
+        schema=pg_schema,
+        pool_max=2,
+        server_settings=pg_settings(pg_schema),
+    )
+    async with store:
+        yield store
+
+
+async def install(conn: asyncpg.Connection, schema: str, *, require_token: bool = True) -> None:
+    await install_fencing(
+        conn,
+        store="accounts",
+        table="accounts",
+        key_column="id",
+        schema=schema,
+        require_token=require_token,
+    )
+
+
+async def v_of(conn: asyncpg.Connection, schema: str, key: str) -> int | None:
+    value = await conn.fetchval(f'SELECT v FROM "{schema}".accounts WHERE id = $1', key)
+    return None if value is None else int(value)
+
+
+async def mark(conn: asyncpg.Connection, schema: str, scope: str) -> int | None:
+    value = await conn.fetchval(
+        f'SELECT token FROM "{schema}".fencegate_fence WHERE scope = $1', scope
+    )
+    return None if value is None else int(value)
+
+
+async def test_install_and_uninstall_are_idempotent_and_keep_the_data(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    await accounts.put("accounts/a", "a", 3, json.dumps({"v": 7}).encode())
+    await install(admin, pg_schema)
+    await install(admin, pg_schema, require_token=False)
+    await install(admin, pg_schema)
+    status = await fencing_status(admin, table="accounts", schema=pg_schema)
+    assert status == {
+        "store": "accounts",
+        "key_column": "id",
+        "fence_schema": pg_schema,
+        "require_token": True,
+    }
+    triggers = await admin.fetchval(
+        "SELECT count(*) FROM pg_trigger"
+        " WHERE tgrelid = $1::regclass AND tgname = 'fencegate_fence'",
+        f'"{pg_schema}".accounts',
+    )
+    assert triggers == 1
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await admin.execute(f'UPDATE "{pg_schema}".accounts SET v = 8')
+    assert refused.value.sqlstate == "FG428"
+
+    await uninstall_fencing(admin, table="accounts", schema=pg_schema)
+    await uninstall_fencing(admin, table="accounts", schema=pg_schema)
+    assert await fencing_status(admin, table="accounts", schema=pg_schema) is None
+    assert await v_of(admin, pg_schema, "a") == 7
+    assert await mark(admin, pg_schema, "accounts/a") == 3
+    # Unfenced writes pass again once the trigger is gone.
+    await admin.execute(f'UPDATE "{pg_schema}".accounts SET v = 8')
+    assert await v_of(admin, pg_schema, "a") == 8
+    users = await admin.fetchval(
+        "SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+        " WHERE p.proname = 'check_fence'"
+    )
+    function = await admin.fetchval("SELECT to_regprocedure('fencegate.check_fence()')")
+    assert users > 0 or function is None  # kept only while another table still uses it
+
+
+async def test_install_names_a_missing_table_or_column(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    with pytest.raises(TableMismatch, match=r"nope' does not exist"):
+        await install_fencing(admin, store="x", table="nope", key_column="id", schema=pg_schema)
+    with pytest.raises(TableMismatch, match="key column 'missing' does not exist"):
+        await install_fencing(
+            admin, store="x", table="accounts", key_column="missing", schema=pg_schema
+        )
+    with pytest.raises(TableMismatch, match="has type 'date'"):
+        await install_fencing(
+            admin, store="x", table="accounts", key_column="opened", schema=pg_schema
+        )
+
+
+async def test_stale_direct_update_raises_fg409_and_changes_nothing(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    await install(admin, pg_schema)
+    await accounts.put("accounts/a", "a", 5, json.dumps({"v": 1}).encode())
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 4):
+            await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 99 WHERE id = 'a'")
+    assert refused.value.sqlstate == "FG409"
+    assert "stale token 4" in str(refused.value)
+    assert "high-water mark is 5" in str(refused.value)
+    assert await v_of(admin, pg_schema, "a") == 1
+    assert await mark(admin, pg_schema, "accounts/a") == 5
+    # A stale INSERT ... ON CONFLICT and a stale DELETE are refused the same way.
+    for sql in (
+        f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('a', 2)"
+        " ON CONFLICT (id) DO UPDATE SET v = 2",
+        f"DELETE FROM \"{pg_schema}\".accounts WHERE id = 'a'",
+    ):
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            async with fenced_transaction(admin, 4):
+                await admin.execute(sql)
+        assert refused.value.sqlstate == "FG409"
+    assert await v_of(admin, pg_schema, "a") == 1
+    # The current token passes and the proxy then sees the direct writer's mark.
+    async with fenced_transaction(admin, 6):
+        await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 2 WHERE id = 'a'")
+    assert await mark(admin, pg_schema, "accounts/a") == 6
+    with pytest.raises(StaleToken) as stale:
+        await accounts.put("accounts/a", "a", 5, json.dumps({"v": 3}).encode())
+    assert (stale.value.token, stale.value.high_water) == (5, 6)
+    assert await v_of(admin, pg_schema, "a") == 2
+
+
+async def test_the_lock_setting_names_a_coarser_scope(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    await install(admin, pg_schema)
+    await accounts.put("accounts", "a", 10, json.dumps({"v": 1}).encode())
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 9, lock="accounts"):
+            await admin.execute(f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('b', 1)")
+    assert refused.value.sqlstate == "FG409"
+    async with fenced_transaction(admin, 11, lock="accounts"):
+        await admin.execute(f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('b', 1)")
+        await admin.execute(f'UPDATE "{pg_schema}".accounts SET v = v + 1')
+    assert await mark(admin, pg_schema, "accounts") == 11
+    assert await mark(admin, pg_schema, "accounts/b") is None
+
+
+async def test_write_without_token_raises_fg428_unless_unfenced_is_allowed(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    await admin.execute(f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('x', 0)")
+    await install(admin, pg_schema)
+    for sql in (
+        f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('n', 1)",
+        f'UPDATE "{pg_schema}".accounts SET v = 1',
+        f'DELETE FROM "{pg_schema}".accounts',
+    ):
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            async with admin.transaction():
+                await admin.execute(sql)
+        assert refused.value.sqlstate == "FG428", sql
+        assert "needs a fencing token" in str(refused.value)
+    # The proxy's unfenced write (a fencing = "none" store) is refused too, clearly.
+    with pytest.raises(UnfencedRefused, match="allow-unfenced"):
+        await accounts.put("accounts/y", "y", None, json.dumps({"v": 1}).encode())
+    await install(admin, pg_schema, require_token=False)
+    await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 5 WHERE id = 'x'")
+    await accounts.put("accounts/y", "y", None, json.dumps({"v": 1}).encode())
+    assert await v_of(admin, pg_schema, "x") == 5
+    assert await mark(admin, pg_schema, "accounts/x") is None
+    # A stale token is still refused in that mode.
+    await accounts.put("accounts/x", "x", 4, json.dumps({"v": 6}).encode())
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 3):
+            await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 7 WHERE id = 'x'")
+    assert refused.value.sqlstate == "FG409"
+
+
+async def test_bad_token_setting_is_refused(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    await install(admin, pg_schema)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await admin.execute(
+            "BEGIN; SET LOCAL fencegate.token = 'abc';"
+            f" INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('n', 1); COMMIT"
+        )
+    await admin.execute("ROLLBACK")
+    assert refused.value.sqlstate == "22023"
+    with pytest.raises(ValueError, match="not a fencing token"):
+        async with fenced_transaction(admin, -1):
+            pass
+
+
+async def test_paused_direct_writer_late_update_is_refused(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_dsn: str, pg_schema: str
+) -> None:
+    """Holder t reads in its transaction and pauses; holder t+1 writes; t's late write fails."""
+    await install(admin, pg_schema)
+    await accounts.put("accounts/a", "a", 1, json.dumps({"v": 10}).encode())
+    paused = await asyncpg.connect(pg_dsn)
+    try:
+        late = fenced_transaction(paused, 2)
+        await late.__aenter__()
+        read = await paused.fetchval(f"SELECT v FROM \"{pg_schema}\".accounts WHERE id = 'a'")
+        # The pause: meanwhile the next holder (token 3) reads and writes.
+        async with fenced_transaction(admin, 3):
+            await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = v + 1 WHERE id = 'a'")
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await paused.execute(
+                f"UPDATE \"{pg_schema}\".accounts SET v = $1 WHERE id = 'a'", read + 1
+            )
+        await late.__aexit__(type(refused.value), refused.value, None)
+        assert refused.value.sqlstate == "FG409"
+    finally:
+        await paused.close()
+    assert await v_of(admin, pg_schema, "a") == 11
+    assert await mark(admin, pg_schema, "accounts/a") == 3
+
+
+async def test_psycopg_variant(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_dsn: str, pg_schema: str
+) -> None:
+    await install(admin, pg_schema)
+    await accounts.put("accounts/a", "a", 5, json.dumps({"v": 1}).encode())
+
+    def direct() -> str | None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            try:
+                with fenced_transaction_sync(conn, 4):
+                    conn.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 50 WHERE id = 'a'")
+            except psycopg.Error as exc:
+                stale = exc.sqlstate
+            else:
+                stale = None
+            with fenced_transaction_sync(conn, 5):
+                conn.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 2 WHERE id = 'a'")
+            with fenced_transaction_sync(conn, 7, lock="accounts/a"):
+                conn.execute(f"UPDATE \"{pg_schema}\".accounts SET v = v + 1 WHERE id = 'a'")
+            return stale
+
+    assert await asyncio.to_thread(direct) == "FG409"
+    assert await v_of(admin, pg_schema, "a") == 3
+    assert await mark(admin, pg_schema, "accounts/a") == 7
