@@ -41,6 +41,13 @@ from tests.faults.test_gateway_two_processes import gateways, http_session
 NOT_RUN = {
     ("README.md", "./dev serve"),  # installs packages and serves on the fixed port 8080
     ("deploy/README.md", "docker compose -f deploy/compose.yaml up --build"),  # no Docker here
+    # the in-database fencing examples: a config file on disk, connections to the table
+    ("README.md", "fencegate pg install-fencing --config fencegate.toml --store accounts"),
+    ("README.md", "BEGIN;"),
+    (
+        "README.md",
+        "from storage_adapters.pg_fencing import fenced_transaction, fenced_transaction_sync",
+    ),
 }
 # What a block leaves behind, checked after it ran: (store, key, body) by its first line.
 EFFECTS = {
