@@ -274,3 +274,86 @@ async def test_psycopg_variant(
     assert await asyncio.to_thread(direct) == "FG409"
     assert await v_of(admin, pg_schema, "a") == 3
     assert await mark(admin, pg_schema, "accounts/a") == 7
+
+
+async def wait_until_blocked(admin: asyncpg.Connection, pid: int) -> None:
+    """Wait (bounded) until backend ``pid`` waits for a lock."""
+    for _ in range(200):
+        state = await admin.fetchval(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if state == "Lock":
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+async def test_upsert_takes_the_row_before_the_fence_row(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_dsn: str, pg_schema: str
+) -> None:
+    """A holds the row (FOR UPDATE); B upserts that key; A then updates: no 40P01.
+
+    Without the trigger locking the row on INSERT first, B's trigger took the
+    fence row and waited for the row, while A's UPDATE waited for the fence row.
+    """
+    await admin.execute(f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('a', 1)")
+    await install(admin, pg_schema)
+    first, second = await asyncpg.connect(pg_dsn), await asyncpg.connect(pg_dsn)
+    try:
+        holder = fenced_transaction(first, 2)
+        await holder.__aenter__()
+        await first.execute(f"SELECT v FROM \"{pg_schema}\".accounts WHERE id = 'a' FOR UPDATE")
+
+        async def upsert() -> None:
+            async with fenced_transaction(second, 3):
+                await second.execute(
+                    f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('a', 100)"
+                    " ON CONFLICT (id) DO UPDATE SET v = accounts.v + 100"
+                )
+
+        task = asyncio.create_task(upsert())
+        await wait_until_blocked(admin, second.get_server_pid())
+        await first.execute(f"UPDATE \"{pg_schema}\".accounts SET v = v + 1 WHERE id = 'a'")
+        await holder.__aexit__(None, None, None)
+        async with asyncio.timeout(10):
+            await task
+    finally:
+        await first.close()
+        await second.close()
+    assert await v_of(admin, pg_schema, "a") == 102
+    assert await mark(admin, pg_schema, "accounts/a") == 3
+
+
+async def test_proxy_delete_queues_behind_a_direct_writer_holding_the_row(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_dsn: str, pg_schema: str
+) -> None:
+    """A direct writer holds the row; the proxy's fenced DELETE (newer token) waits for the
+    row before it raises the mark, so the direct writer's UPDATE (its mark still current)
+    passes and commits, then the DELETE runs. With the mark raised first, the two waited
+    for each other (40P01)."""
+    await accounts.put("accounts/a", "a", 1, json.dumps({"v": 1}).encode())
+    await install(admin, pg_schema)
+    direct = await asyncpg.connect(pg_dsn)
+    try:
+        late = fenced_transaction(direct, 1)
+        await late.__aenter__()
+        await direct.execute(f"SELECT v FROM \"{pg_schema}\".accounts WHERE id = 'a' FOR UPDATE")
+        task = asyncio.create_task(accounts.delete("accounts/a", "a", 2))
+        for _ in range(200):
+            waiting = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+                " AND wait_event_type = 'Lock'",
+                pg_settings(pg_schema)["application_name"],
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.02)
+        assert waiting, "the proxy's DELETE never waited for the row"
+        await direct.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 9 WHERE id = 'a'")
+        await late.__aexit__(None, None, None)
+        async with asyncio.timeout(10):
+            await task
+    finally:
+        await direct.close()
+    assert await v_of(admin, pg_schema, "a") is None
+    assert await mark(admin, pg_schema, "accounts/a") == 2
