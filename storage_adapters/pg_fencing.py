@@ -37,8 +37,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final
 
-from storage_adapters._pg import ensure_tables, fence_ddl, quote_ident
+from storage_adapters._pg import ensure_tables, quote_ident
 from storage_adapters.errors import TableMismatch
+from storage_adapters.postgres_legacy import fence_tables
 
 __all__ = [
     "FUNCTION",
@@ -94,6 +95,13 @@ BEGIN
                 HINT = 'SET LOCAL fencegate.token = ''<token>'' in the transaction'
                        ' (the token of the lock you hold)';
         END IF;
+        IF TG_OP <> 'DELETE' THEN
+            -- An unfenced write: the row no longer carries the token of a fenced one.
+            EXECUTE format('UPDATE %I.fencegate_legacy_token SET token = NULL'
+                           ' WHERE store = $1 AND key = $2 AND token IS NOT NULL',
+                           v_fence_schema)
+              USING v_store, to_jsonb(NEW) ->> v_key_column;
+        END IF;
         RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
     END IF;
     IF v_token_text !~ '^[0-9]{1,18}$' THEN
@@ -147,6 +155,14 @@ BEGIN
                 HINT = 'a newer lock holder has written; take the lock again';
         END IF;
     END LOOP;
+    IF TG_OP <> 'DELETE' THEN
+        -- The token of the row's last accepted write, as the gateway's GET reports it.
+        EXECUTE format(
+            'INSERT INTO %I.fencegate_legacy_token AS t (store, key, token)'
+            ' VALUES ($1, $2, $3) ON CONFLICT (store, key) DO UPDATE SET token = EXCLUDED.token',
+            v_fence_schema)
+          USING v_store, to_jsonb(NEW) ->> v_key_column, v_token;
+    END IF;
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 END
 $fn$
@@ -222,9 +238,7 @@ async def install_fencing(
         await conn.execute("CREATE SCHEMA IF NOT EXISTS fencegate")
         await conn.execute(_FUNCTION_SQL)
         # A savepoint inside this transaction; the advisory lock is taken again (reentrant).
-        await ensure_tables(
-            conn, fence_schema, {"fencegate_fence": fence_ddl(quote_ident(fence_schema))}
-        )
+        await ensure_tables(conn, fence_schema, fence_tables(quote_ident(fence_schema)))
         ddl = await conn.fetchval(
             _TRIGGER_SQL,
             schema,

@@ -29,7 +29,7 @@ from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, quote_id
 from storage_adapters.base import NO_HOOKS, Record, StoreHooks
 from storage_adapters.errors import BadValue, NotFound, TableMismatch
 
-__all__ = ["PostgresLegacyStore"]
+__all__ = ["PostgresLegacyStore", "fence_tables"]
 
 _TOKENS: Final = "fencegate_legacy_token"
 _JSON: Final = "application/json"
@@ -48,6 +48,18 @@ _COLUMNS_SQL: Final = (
     "   AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum) AS unique_key"
     " FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped"
 )
+
+
+def fence_tables(schema_q: str) -> dict[str, str]:
+    """fencegate's tables for legacy-table stores in ``schema_q``: name -> DDL."""
+    return {
+        "fencegate_fence": fence_ddl(schema_q),
+        _TOKENS: (
+            f"CREATE TABLE {schema_q}.{_TOKENS} ("
+            " store text NOT NULL, key text NOT NULL, token bigint,"
+            " PRIMARY KEY (store, key))"
+        ),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +144,7 @@ class PostgresLegacyStore(PgStoreBase):
         self._delete_sql = ""
 
     async def _prepare(self, conn: Any) -> None:
-        tokens_ddl = (
-            f"CREATE TABLE {self._tokens_q} ("
-            " store text NOT NULL, key text NOT NULL, token bigint,"
-            " PRIMARY KEY (store, key))"
-        )
-        await ensure_tables(
-            conn, self.schema, {"fencegate_fence": fence_ddl(self._schema_q), _TOKENS: tokens_ddl}
-        )
+        await ensure_tables(conn, self.schema, fence_tables(self._schema_q))
         self._catalog = await self._check_catalog(conn)
         self._build_sql()
 
@@ -248,9 +253,12 @@ class PostgresLegacyStore(PgStoreBase):
             f"{head}"
             f" mark AS (INSERT INTO {self._tokens_q} AS t (store, key, token)"
             f" SELECT {store}::text, src.{key}::text, {token} FROM src"
-            " ON CONFLICT (store, key) DO UPDATE SET token = EXCLUDED.token),"
+            " ON CONFLICT (store, key) DO UPDATE SET token = EXCLUDED.token RETURNING 1),"
+            # ``data`` reads ``mark`` so that the token row is written first: a trigger
+            # on the table (pg_fencing.py) writes that row again, in a later command.
             f" data AS (INSERT INTO {self._table_q} AS d ({', '.join(names)})"
-            f" SELECT {', '.join(f'src.{n}' for n in names)} FROM src"
+            f" SELECT {', '.join(f'src.{n}' for n in names)}"
+            " FROM src, (SELECT count(*) FROM mark) AS m"
             f" ON CONFLICT ({key}) {action})"
             f" {tail}"
         )

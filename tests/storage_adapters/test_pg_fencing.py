@@ -155,6 +155,7 @@ async def test_stale_direct_update_raises_fg409_and_changes_nothing(
     async with fenced_transaction(admin, 6):
         await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 2 WHERE id = 'a'")
     assert await mark(admin, pg_schema, "accounts/a") == 6
+    assert (await accounts.get("accounts/a", "a", None)).token == 6  # as the gateway reports
     with pytest.raises(StaleToken) as stale:
         await accounts.put("accounts/a", "a", 5, json.dumps({"v": 3}).encode())
     assert (stale.value.token, stale.value.high_water) == (5, 6)
@@ -196,10 +197,14 @@ async def test_write_without_token_raises_fg428_unless_unfenced_is_allowed(
     with pytest.raises(UnfencedRefused, match="allow-unfenced"):
         await accounts.put("accounts/y", "y", None, json.dumps({"v": 1}).encode())
     await install(admin, pg_schema, require_token=False)
+    async with fenced_transaction(admin, 2):
+        await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 4 WHERE id = 'x'")
+    assert (await accounts.get("accounts/x", "x", None)).token == 2
     await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 5 WHERE id = 'x'")
+    assert (await accounts.get("accounts/x", "x", None)).token is None  # unfenced now
     await accounts.put("accounts/y", "y", None, json.dumps({"v": 1}).encode())
     assert await v_of(admin, pg_schema, "x") == 5
-    assert await mark(admin, pg_schema, "accounts/x") is None
+    assert await mark(admin, pg_schema, "accounts/x") == 2
     # A stale token is still refused in that mode.
     await accounts.put("accounts/x", "x", 4, json.dumps({"v": 6}).encode())
     with pytest.raises(asyncpg.PostgresError) as refused:
