@@ -26,6 +26,8 @@ Lock order. Every fenced writer takes the data row before the fence row:
 A new key has no row to lock yet: then every writer takes the fence row, then
 inserts, and nobody holds the new row while it waits for the fence row. So
 proxy and direct writers of one scope queue instead of deadlocking (40P01).
+The token row (``fencegate_legacy_token``, what the proxy's GET reports) is
+written last by both, after the fence row.
 
 ``fenced_transaction`` (asyncpg) and ``fenced_transaction_sync`` (psycopg 3)
 open a transaction with those settings.
