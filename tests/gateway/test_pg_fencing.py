@@ -216,3 +216,23 @@ async def test_cli_names_a_missing_table(
     err = capsys.readouterr().err
     assert "accounts' does not exist" in err
     assert "Traceback" not in err
+
+
+async def test_unfenced_store_over_a_table_that_requires_tokens_gets_428(
+    start: Start, legacy_table: str, pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    section = {**accounts_section(pg_dsn, pg_schema, tmp_path), "fencing": "none"}
+    client = await start(make_config(stores={"accounts": section}))
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await install_fencing(
+            admin, store="accounts", table="accounts", key_column="id", schema=pg_schema
+        )
+        response = await client.put("/v1/stores/accounts/a", data=json.dumps({"balance": 1}))
+        body = await response.json()
+        assert response.status == 428, body
+        assert body["error"] == "token_required"
+        assert "--allow-unfenced" in body["message"]
+        assert await admin.fetchval(f'SELECT count(*) FROM "{pg_schema}".accounts') == 0
+    finally:
+        await admin.close()
