@@ -87,6 +87,8 @@ DECLARE
     v_scope text;
     v_accepted bigint;
     v_high_water bigint;
+    v_old_key text;
+    v_new_key text;
 BEGIN
     IF v_token_text IS NULL THEN
         IF v_require THEN
@@ -118,12 +120,19 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         v_scopes := ARRAY[v_store || '/' || (to_jsonb(OLD) ->> v_key_column)];
     ELSIF TG_OP = 'INSERT' THEN
-        v_scopes := ARRAY[v_store || '/' || (to_jsonb(NEW) ->> v_key_column)];
+        v_new_key := to_jsonb(NEW) ->> v_key_column;
+        v_scopes := ARRAY[v_store || '/' || v_new_key];
     ELSE
-        -- An UPDATE that changes the key writes both keys: check both, in one order.
-        SELECT array_agg(DISTINCT s ORDER BY s) INTO v_scopes
-          FROM unnest(ARRAY[v_store || '/' || (to_jsonb(OLD) ->> v_key_column),
-                            v_store || '/' || (to_jsonb(NEW) ->> v_key_column)]) AS s;
+        v_old_key := to_jsonb(OLD) ->> v_key_column;
+        v_new_key := to_jsonb(NEW) ->> v_key_column;
+        IF v_old_key IS NOT DISTINCT FROM v_new_key THEN
+            v_scopes := ARRAY[v_store || '/' || v_new_key];
+        ELSIF v_old_key < v_new_key THEN
+            -- An UPDATE that changes the key writes both keys: check both, in one order.
+            v_scopes := ARRAY[v_store || '/' || v_old_key, v_store || '/' || v_new_key];
+        ELSE
+            v_scopes := ARRAY[v_store || '/' || v_new_key, v_store || '/' || v_old_key];
+        END IF;
     END IF;
     IF TG_OP = 'INSERT' THEN
         -- Lock order: the row of this key (if it exists) before the fence row, as
@@ -159,11 +168,16 @@ BEGIN
     END LOOP;
     IF TG_OP <> 'DELETE' THEN
         -- The token of the row's last accepted write, as the gateway's GET reports it.
-        EXECUTE format(
-            'INSERT INTO %I.fencegate_legacy_token AS t (store, key, token)'
-            ' VALUES ($1, $2, $3) ON CONFLICT (store, key) DO UPDATE SET token = EXCLUDED.token',
-            v_fence_schema)
-          USING v_store, to_jsonb(NEW) ->> v_key_column, v_token;
+        IF v_new_key IS NULL THEN  -- a coarse fencegate.lock: the key was not needed so far
+            v_new_key := to_jsonb(NEW) ->> v_key_column;
+        END IF;
+        IF v_new_key IS NOT NULL THEN
+            EXECUTE format(
+                'INSERT INTO %I.fencegate_legacy_token AS t (store, key, token) VALUES'
+                ' ($1, $2, $3) ON CONFLICT (store, key) DO UPDATE SET token = EXCLUDED.token',
+                v_fence_schema)
+              USING v_store, v_new_key, v_token;
+        END IF;
     END IF;
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 END

@@ -362,3 +362,22 @@ async def test_proxy_delete_queues_behind_a_direct_writer_holding_the_row(
         await direct.close()
     assert await v_of(admin, pg_schema, "a") is None
     assert await mark(admin, pg_schema, "accounts/a") == 2
+
+
+async def test_an_update_that_changes_the_key_is_checked_for_both_keys(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    await accounts.put("accounts/a", "a", 5, json.dumps({"v": 1}).encode())
+    await accounts.put("accounts/b", "b", 9, json.dumps({"v": 2}).encode())
+    await admin.execute(f"DELETE FROM \"{pg_schema}\".accounts WHERE id = 'b'")  # no trigger yet
+    await install(admin, pg_schema)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 7):
+            await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET id = 'b' WHERE id = 'a'")
+    assert refused.value.sqlstate == "FG409"
+    assert "accounts/b" in str(refused.value)
+    assert await v_of(admin, pg_schema, "a") == 1
+    async with fenced_transaction(admin, 10):
+        await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET id = 'b' WHERE id = 'a'")
+    assert await mark(admin, pg_schema, "accounts/a") == 10
+    assert await mark(admin, pg_schema, "accounts/b") == 10
