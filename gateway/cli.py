@@ -28,8 +28,8 @@ from typing import Any, Final
 
 from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, TokenRequired
 from gateway.config import ConfigError, load_config
-from gateway.tls import server_ssl_context
 from gateway.pg_cli import add_parser as add_pg_parser
+from gateway.tls import server_ssl_context
 
 __all__ = ["main"]
 
