@@ -8,6 +8,8 @@
     fencegate unlock NAME --lease-id ID                 fencegate status NAME
     fencegate put STORE KEY --token N [--file F]        fencegate get STORE KEY [--token N]
     fencegate delete STORE KEY --token N
+    fencegate run NAME [--ttl-ms N] [--wait-ms N] -- CMD [ARGS...]
+    fencegate pg install-fencing|uninstall-fencing --config F --store NAME
 
 Client verbs talk to ``--url`` (``$FENCEGATE_URL``, default http://127.0.0.1:8080)
 with ``--api-key`` (``$FENCEGATE_API_KEY``). Exit status: 0 done, 1 refused
@@ -41,7 +43,14 @@ UNAVAILABLE: Final = 3
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fencegate`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "run" in argv and "--" in argv:  # fencegate run NAME [OPTIONS] -- CMD [ARGS...]
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    if getattr(args, "verb", None) == "run":
+        args.command = command
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -98,19 +107,26 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 # client verbs
+def _make_client(args: argparse.Namespace) -> FencegateClient | None:
+    """The client the options ask for, or None after saying why not (a usage error)."""
+    try:
+        return FencegateClient(
+            args.url,
+            api_key=args.api_key or None,
+            ssl=False if args.insecure else args.cacert,
+        )
+    except ValueError as exc:
+        source = "--cacert" if "CA file" in str(exc) else "--url (or FENCEGATE_URL)"
+        print(f"fencegate: {source}: {exc}", file=sys.stderr)
+        return None
+
+
 def _client_verb(
     verb: Callable[[FencegateClient, argparse.Namespace], Coroutine[Any, Any, object]],
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        try:
-            client = FencegateClient(
-                args.url,
-                api_key=args.api_key or None,
-                ssl=False if args.insecure else args.cacert,
-            )
-        except ValueError as exc:
-            source = "--cacert" if "CA file" in str(exc) else "--url (or FENCEGATE_URL)"
-            print(f"fencegate: {source}: {exc}", file=sys.stderr)
+        client = _make_client(args)
+        if client is None:
             return USAGE
 
         async def call() -> int:
@@ -130,6 +146,38 @@ def _client_verb(
         return asyncio.run(call())
 
     return run
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``fencegate run NAME -- CMD``: exits with the command's status (see gateway/run.py)."""
+    from gateway.run import run_locked
+
+    command = args.command
+    if not command:
+        print(
+            "fencegate: run needs a command: fencegate run NAME -- CMD [ARGS...]", file=sys.stderr
+        )
+        return USAGE
+    if args.shared:
+        print("fencegate: run --shared needs shared locks, which this version does not have yet",
+              file=sys.stderr)  # fmt: skip
+        return USAGE
+    client = _make_client(args)
+    if client is None:
+        return USAGE
+
+    async def call() -> int:
+        async with client:
+            return await run_locked(
+                client,
+                args.name,
+                command,
+                url=args.url,
+                ttl=args.ttl_ms / 1000,
+                wait=args.wait_ms / 1000,
+            )
+
+    return asyncio.run(call())
 
 
 def _refusal(exc: FencegateError, args: argparse.Namespace) -> str:
@@ -312,6 +360,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-id", required=True, help=lease_help)
     p = verb("status", _status, "show whether a lock is held")
     p.add_argument("name")
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        usage="fencegate run NAME [--ttl-ms N] [--wait-ms N] [options] -- CMD [ARGS...]",
+        help="run a command while holding a lock (renewed; exit 75 if the lease is lost)",
+    )
+    p.set_defaults(handler=_run, verb="run")
+    p.add_argument("name")
+    p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
+    p.add_argument(
+        "--wait-ms", type=int, default=0, help="wait this long while it is held (default 0)"
+    )
+    p.add_argument("--shared", action="store_true", help="a shared lock (not available yet)")
+    p.set_defaults(command=[])  # what follows -- (split off before parsing)
     for name, func, help in (
         ("put", _put, "write a file or stdin at a key, fenced by a token"),
         ("get", _get, "read a key to stdout (--json: text as 'body', binary as 'body_base64')"),

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 
 from gateway.client import FencegateClient
 from gateway.run import LOST, NOT_TAKEN, run_locked
+from tests._servers import RedisNode, free_port
 from tests.gateway.conftest import Client, Start, make_config
 
 PY = sys.executable
@@ -155,3 +159,42 @@ async def test_a_missing_command_is_127_and_the_lock_is_released(
     argv = ["/nonexistent/fencegate-test-command"]
     assert await run_locked(client, "jobs/missing", argv, url=url, ttl=1.0, wait=0) == 127
     assert not (await client.status("jobs/missing")).held
+
+
+def test_the_cli_runs_a_command_under_the_lock_and_exits_with_its_status(
+    tmp_path: Path, redis3: list[RedisNode]
+) -> None:
+    """The console script end to end: a gateway process over 3 Redis nodes."""
+    config = tmp_path / "fencegate.toml"
+    port = free_port()
+    urls = ", ".join(f'"{n.url}"' for n in redis3)
+    config.write_text(f'listen = "127.0.0.1:{port}"\n[locks]\nredis = [{urls}]\n')
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        fencegate = [sys.executable, "-m", "gateway", "run", "--url", url]
+        script = "import os, sys; print(os.environ['FENCEGATE_TOKEN']); sys.exit(3)"
+        done = subprocess.run(
+            [*fencegate, "jobs/cli", "--ttl-ms", "2000", "--", PY, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 3, done.stderr
+        assert int(done.stdout) > 0
+        none = subprocess.run([*fencegate, "jobs/cli"], capture_output=True, text=True, timeout=30)
+        assert none.returncode == 2
+        assert "needs a command" in none.stderr
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
