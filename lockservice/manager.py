@@ -106,7 +106,8 @@ class LockManager:
                 "run exactly one gateway process, or configure [locks] redis"
             )
         await backend.start()
-        log.info("lock backend: %s", backend.describe())
+        if urls:  # the in-process backend was announced above, once
+            log.info("lock backend: %s", backend.describe())
         return cls(
             backend,
             min_ttl=min_ttl,

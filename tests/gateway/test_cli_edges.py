@@ -212,4 +212,6 @@ def test_serve_logs_json_lines_and_announces_the_in_process_backend_once(tmp_pat
     assert all(set(line) >= {"time", "level", "logger", "message"} for line in lines)
     warnings = [line["message"] for line in lines if line["level"] == "warning"]
     assert sum("in this process only" in m for m in warnings) == 1, warnings
+    mentions = [line["message"] for line in lines if "process only" in line["message"]]
+    assert len(mentions) == 1, mentions  # not a second time at info
     assert lines[-1]["message"] == "stopped"
