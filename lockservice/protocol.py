@@ -98,8 +98,10 @@ R18 A resync raises every counter of the unsynced node to the largest value
     N - Q + 1 synced nodes or all N without a counter, or a quorum of nodes
     none of which was ever synced, none seen restarting (``resync``).       [I2, I1]
 R19 A resynced node is quarantined for ``max_ttl``: it grants nothing until
-    every lease it may have forgotten expired (``mark_synced.lua``). This
-    assumes every gateway has the same ``max_ttl``.                         [I1]
+    every lease it may have forgotten expired (``mark_synced.lua``): for the
+    largest ``max_ttl`` any gateway has recorded on the nodes (each records
+    its own at every connect), so gateways with different ``max_ttl`` are safe
+    (``resync``).                                                           [I1]
 R20 A node whose ``maxmemory-policy`` is not ``noeviction`` never counts: it
     could evict counters or live locks (``node``; checked at each connect, so
     a policy changed at run time is seen at the next reconnect).            [I2]
@@ -156,6 +158,7 @@ from typing import Final
 __all__ = [
     "ATTEMPT_TRANSITIONS",
     "KEEPALIVE_MS",
+    "MAX_TTL_KEY",
     "NODE_TRANSITIONS",
     "QUARANTINE_KEY",
     "RELEASE_CHANNEL",
@@ -171,6 +174,7 @@ __all__ = [
 RELEASE_CHANNEL: Final = "fencegate:released"  # + ":<process>": hand-overs and wake-ups
 SYNCED_KEY: Final = "fencegate:synced"  # "<token base> <run_id>" (R17)
 QUARANTINE_KEY: Final = "fencegate:quarantine"  # PX max_ttl after a resync (R19)
+MAX_TTL_KEY: Final = "fencegate:max_ttl_ms"  # the largest max_ttl of any gateway (R19)
 KEEPALIVE_MS: Final = 3000  # a queued waiter that does not try again within it drops out (R8)
 
 

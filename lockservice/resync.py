@@ -18,7 +18,7 @@ from lockservice import scripts
 from lockservice.health import Health
 from lockservice.memory import wall_clock_base  # looked up at call time: tests skew it
 from lockservice.node import Node
-from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY, NodeState
+from lockservice.protocol import MAX_TTL_KEY, QUARANTINE_KEY, SYNCED_KEY, NodeState
 from lockservice.replies import Failure, parse_count, parse_scan, parse_values
 from lockservice.resp import Reply, is_failure
 
@@ -44,7 +44,8 @@ class Resyncer:
         self._health = health
         self._nodes = list(nodes)
         self._quorum = quorum
-        self._quarantine_ms = int(max_ttl * 1000) + 1
+        self._own_max_ttl_ms = int(max_ttl * 1000) + 1
+        self._quarantine_ms = self._own_max_ttl_ms  # raised to what other gateways recorded
         self._timeout = max(timeout * 10, 1.0)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restarted: set[str] = set()
@@ -58,6 +59,9 @@ class Resyncer:
         """Called on every (re)connect of ``node``: resync it, or say how it is."""
         if self._closed:
             return
+        # R19: this gateway's max_ttl, for every gateway's quarantines (a max, only up)
+        keys, values = (MAX_TTL_KEY,), (self._own_max_ttl_ms,)
+        node.call(scripts.RESYNC, keys, values)
         if restarted:
             self._restarted.add(node.label)
             self.schedule(node)
@@ -132,6 +136,9 @@ class Resyncer:
 
     async def _sync_once(self, node: Node) -> bool:
         markers = await asyncio.gather(*(self._ask(n, "GET", SYNCED_KEY) for n in self._nodes))
+        recorded = await asyncio.gather(*(self._ask(n, "GET", MAX_TTL_KEY) for n in self._nodes))
+        longest = [int(r) for r in recorded if isinstance(r, bytes) and r.isdigit()]
+        self._quarantine_ms = max([self._own_max_ttl_ms, *longest])
         mine = markers[self._nodes.index(node)]
         if _synced(node, mine):
             return True  # another process resynced it

@@ -1,6 +1,6 @@
---[[ resync: raise many counters on a node that lost its data (a batch of a resync, R18).
-  KEYS[1..n] fence:{name} keys  ARGV[1..n] the highest counter seen on the other nodes
-  Returns the number of counters raised. ]]
+--[[ resync: raise integer keys to at least the values given (fence:* counters of a resync, R18; fencegate:max_ttl_ms, R19).
+  KEYS[1..n] integer keys  ARGV[1..n] the value each must at least have
+  Returns the number of keys raised. ]]
 local raised = 0
 for i, key in ipairs(KEYS) do
   local want = tonumber(ARGV[i])

@@ -329,3 +329,18 @@ async def test_a_node_that_restarts_again_during_its_resync_is_resynced_again(
     a.kill()  # B (missed the newest grants) and C must still issue above them
     await _grant(mgr, issued, held_on=c)
     assert issued == sorted(set(issued))
+
+
+async def test_the_quarantine_lasts_the_longest_max_ttl_of_any_gateway(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R19 (review finding): a gateway with a short max_ttl resyncs a node that a
+    gateway with a long one granted leases on: the quarantine must outlast those."""
+    c = own_redis3[2]
+    long_lived = await connect(own_redis3, max_ttl=30.0)
+    short = await connect(own_redis3)  # max_ttl 2 s
+    await short.release(await short.acquire(NAME, ttl=1.0))
+    await long_lived.close()  # it recorded its max_ttl; only the short one is left
+    c.restart(lose_data=True)
+    await wait_until(lambda: quarantine_ms(c) > 0, 5.0, "node C resynced and quarantined")
+    assert quarantine_ms(c) > 25_000, quarantine_ms(c)
