@@ -225,7 +225,10 @@ def error_data(exc: BaseException) -> dict[str, object]:
     if isinstance(exc, TokenNotIssued):
         return {"token": exc.token, "issued": exc.issued}
     if isinstance(exc, QuorumUnavailable):
-        return {"needed": exc.needed, "nodes": exc.node_errors}
+        data: dict[str, object] = {"needed": exc.needed, "nodes": exc.node_errors}
+        if exc.retry_after is not None:  # quarantined nodes count again by then
+            data["retry_after_ms"] = max(1, math.ceil(exc.retry_after * 1000))
+        return data
     if isinstance(exc, TooLarge):
         return {"limit": exc.limit}
     if isinstance(exc, MethodNotAllowed):
@@ -236,6 +239,8 @@ def error_data(exc: BaseException) -> dict[str, object]:
 def error_headers(exc: BaseException) -> dict[str, str]:
     """Headers that go with the error response."""
     if isinstance(exc, LockHeld):
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    if isinstance(exc, QuorumUnavailable) and exc.retry_after is not None:
         return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     if isinstance(exc, QuorumUnavailable | StorageUnavailable | ShuttingDown):
         return {"Retry-After": "1"}

@@ -335,6 +335,12 @@ def _components() -> dict[str, Any]:
                     "token": INT,
                     "high_water": INT,
                     "issued": INT,
+                    "needed": INT,
+                    "nodes": {
+                        "type": "object",
+                        "description": "quorum_unavailable: why each node could not take part",
+                        "additionalProperties": STR,
+                    },
                 },
                 "additionalProperties": True,
             },

@@ -41,10 +41,19 @@ class QuorumUnavailable(LockServiceError):
 
     code = "quorum_unavailable"
 
-    def __init__(self, name: str, node_errors: Mapping[str, str], needed: int, nodes: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        node_errors: Mapping[str, str],
+        needed: int,
+        nodes: int,
+        retry_after: float | None = None,
+    ) -> None:
         summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items())
         super().__init__(f"no quorum for {name!r}: {needed} of {nodes} nodes needed; {summary}")
         self.name = name
         self.node_errors = dict(node_errors)
         self.needed = needed
         self.nodes = nodes
+        # seconds until enough quarantined nodes count again, when that is the cause
+        self.retry_after = retry_after

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 from lockservice.errors import QuorumUnavailable
 from lockservice.events import LockEvents
-from lockservice.replies import Failure, describe
+from lockservice.replies import Failure, Quarantined, describe
 from lockservice.resp import Reply
 
 __all__ = ["Decider", "Round", "Rounds", "fan_out"]
@@ -146,5 +146,9 @@ class Rounds:
         return decided
 
     def unavailable(self, name: str, rnd: Round[T], good: Callable[[T], bool]) -> QuorumUnavailable:
-        """The error of a round without quorum: each node's own reason, of this round."""
-        return QuorumUnavailable(name, rnd.errors(good), self.quorum, self.n)
+        """The error of a round without quorum: each node's own reason, of this round,
+        and when quarantines alone keep the quorum out, how long until they end."""
+        short = self.quorum - rnd.count(good)
+        ends = sorted(r.pttl / 1000 for r in rnd.replies if isinstance(r, Quarantined))
+        retry = ends[short - 1] if 0 < short <= len(ends) else None
+        return QuorumUnavailable(name, rnd.errors(good), self.quorum, self.n, retry)

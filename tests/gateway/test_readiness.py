@@ -42,5 +42,12 @@ async def test_readiness_is_503_while_a_majority_is_quarantined_and_says_how_lon
     async def ready() -> bool:
         return (await client.get("/readyz")).status == 200
 
+    refused = await client.post("/v1/locks/r/q", json={"ttl_ms": 1000})
+    data = await refused.json()
+    assert refused.status == 503, data
+    assert data["error"] == "quorum_unavailable"
+    assert 0 < data["retry_after_ms"] <= 3000, data  # when the quarantines end
+    assert 1 <= int(refused.headers["Retry-After"]) <= 3
+
     await wait_until(ready, 5.0, "ready once the quarantines end")
     assert (await client.post("/v1/locks/r/q", json={"ttl_ms": 1000})).status == 200
