@@ -1,0 +1,520 @@
+"""fencegate's lock protocol for one lock name, as an explicit-state model.
+
+A state holds the nodes (``node_scripts.Node``), the clients (one gateway process
+each, one acquire at a time), every message in flight and the model time. The
+successors of a state are every step the system can take next: a client acts, a
+node runs the next request of one connection, a reply or a hand-over message is
+delivered, time advances one tick, or a fault happens (within ``Bounds``).
+
+Links: requests and replies of one client<->node command connection are FIFO
+(the code relies on it: an undo is sent behind the try it undoes, and its
+answer comes after everything sent before it). A dropped connection fails every
+call in flight on it (the client sees a ConnectionError), and its unsent or
+unanswered requests may still run on the node at any later time, or never (a
+paused server resumes). Hand-over messages travel on the pub/sub connection, a
+bag with no order relative to the replies: each can be lost or duplicated.
+
+Time: one tick counter shared by nodes and clients. That is the timing assumption
+the protocol states (clocks advance together within the drift bound): a lock on
+a node expires ``ttl`` ticks after its grant, and a client counts a grant valid
+until ``since + ttl - drift`` where ``since`` is no later than the grant.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from itertools import combinations
+from typing import Any, NamedTuple, TypeVar
+
+from tests.model import node_scripts as ns
+from tests.model.node_scripts import Lease, Node
+from tests.model.waiter import Pending, Rules
+
+__all__ = ["Bounds", "Client", "Model", "State"]
+
+FAIL = "FAIL"  # a call's future failed with ConnectionError
+# timeout: a round decided without a node's answer (a slow node); drop: a client's
+# connection to a node drops; lose/duplicate: a hand-over message; crash: a node
+# restarts with its data lost
+FAULTS = frozenset({"timeout", "drop", "lose", "duplicate", "crash"})
+Msg = tuple[object, ...]  # (kind, lease, ...): see the senders below
+Label = tuple[object, ...]
+T = TypeVar("T")
+
+
+class Bounds(NamedTuple):
+    clients: int = 2
+    nodes: int = 3
+    acquires: int | tuple[int, ...] = 1  # per client (a tuple: client by client)
+    tries: int = 2  # round-1 tries per acquire
+    extends: int = 0  # per lease
+    ttl: int = 2  # ticks
+    drift: int = 0  # ticks
+    max_time: int = 3
+    faults: int = 2  # dropped connections, lost or duplicated messages, crashes
+    crashes: int = 1
+    capacity: int = 2  # requests in flight per link, and hand-overs
+    reorders: int = 2  # messages taken before an earlier-sent message of another link
+    kinds: frozenset[str] = FAULTS  # the kinds of fault that may happen
+
+
+class Client(NamedTuple):
+    phase: str = "idle"  # idle, trying, waiting, raising, holding, extending
+    acquires: int = 0  # acquires started; the lease is (client, acquires)
+    pending: Pending | None = None  # the queued acquire's grants (Handovers)
+    tries: int = 0  # tries sent in this acquire; a try is named by its number
+    start: int = 0  # send time of the round under way
+    replies: tuple[object, ...] = ()  # this round's answers per node (None: not yet)
+    before: frozenset[int] = frozenset()  # nodes already granted when the try was sent
+    deaf: frozenset[int] = frozenset()  # tries decided with a lease: late answers ignored
+    ticket: int = 0
+    token: int = 0
+    valid_until: int = 0
+    extends: int = 0
+
+
+class State(NamedTuple):
+    now: int
+    nodes: tuple[Node, ...]
+    clients: tuple[Client, ...]
+    # messages in flight as (link, message), in the order they were sent: requests on
+    # link client * nodes + node (FIFO), hand-overs ("handover", lease, token, node) on
+    # link (clients + client) * nodes + node. Taking one before an earlier message of
+    # another link is a reordering (``Bounds.reorders``)
+    inflight: tuple[tuple[int, Msg], ...]
+    stuck: tuple[tuple[int, Msg], ...]  # requests of dropped connections: a bag
+    faults: int = 0
+    crashes: int = 0
+    leases: tuple[int, ...] = ()  # tokens of the leases granted, in order of creation
+    reorders: int = 0
+
+
+def _put(items: tuple[T, ...], i: int, value: T) -> tuple[T, ...]:
+    return (*items[:i], value, *items[i + 1 :])
+
+
+class Model:
+    def __init__(self, bounds: Bounds | None = None, without: frozenset[str] = frozenset()):
+        bounds = bounds or Bounds()
+        self.b = bounds
+        self.rules = Rules(frozenset(without))
+        self.n = bounds.nodes
+        self.q = bounds.nodes // 2 + 1
+        self.cut = bounds.ttl - bounds.drift  # R5: validity = ttl - drift(ttl)
+
+    def initial(self) -> State:
+        return State(0, (Node(),) * self.n, (Client(),) * self.b.clients, (), ())
+
+    # helpers
+    def _client(self, s: State, c: int, **kw: Any) -> State:
+        return s._replace(clients=_put(s.clients, c, s.clients[c]._replace(**kw)))
+
+    def _send(self, s: State, c: int, n: int, msg: Msg) -> State:
+        link = c * self.n + n
+        return s._replace(inflight=(*s.inflight, (link, msg)))
+
+    def _send_all(self, s: State, c: int, msg: Msg) -> State:
+        for n in range(self.n):
+            s = self._send(s, c, n, msg)
+        return s
+
+    def _fits(self, s: State) -> bool:
+        cap = self.b.capacity
+        if len(s.stuck) > cap:
+            return False
+        return len(s.inflight) <= cap or max(Counter(x[0] for x in s.inflight).values()) <= cap
+
+    # client steps (redlock.py _attempt / _grant / _undo / abandon, manager.py _contend)
+    def _attempt(self, s: State, c: int) -> State:
+        """A try: a hand-over quorum is a lease at once; else ask every node."""
+        cl = s.clients[c]
+        assert cl.pending is not None
+        ready = cl.pending.lease(self.q, s.now, self.cut, self.rules)
+        if ready is not None:
+            return self._grant(s, c, ready)
+        before = cl.pending.valid(s.now, self.cut)
+        lease = (c, cl.acquires)
+        s = self._send_all(s, c, ("acq", lease, cl.ticket, cl.tries + 1, s.now))
+        return self._client(
+            s, c, phase="trying", tries=cl.tries + 1, start=s.now, replies=(None,) * self.n,
+            before=before,
+        )  # fmt: skip
+
+    def _grant(self, s: State, c: int, ready: tuple[int, int, bool]) -> State:
+        token, valid_until, agreed = ready
+        cl = s.clients[c]
+        if not agreed:  # round 2 (R4)
+            s = self._send_all(s, c, ("raise", (c, cl.acquires), token, cl.tries))
+            return self._client(
+                s, c, phase="raising", token=token, valid_until=valid_until, start=s.now,
+                replies=(None,) * self.n,
+            )  # fmt: skip
+        return self._leased(s, c, token, valid_until)
+
+    def _leased(self, s: State, c: int, token: int, valid_until: int) -> State:
+        if valid_until <= s.now:  # took longer than the ttl: undo, try again
+            return self._client(self._undo(s, c, give_up=False), c, phase="waiting")
+        s = s._replace(leases=(*s.leases, token))
+        return self._client(
+            s, c, phase="holding", pending=None, token=token, valid_until=valid_until, extends=0
+        )
+
+    def _undo(self, s: State, c: int, *, give_up: bool) -> State:
+        """Undo the grants the waiter holds, each named by its token (R13), behind the try
+        on each node's connection (R7); given up (no ticket) or kept unless an earlier
+        waiter is queued there (R15)."""
+        cl = s.clients[c]
+        assert cl.pending is not None
+        pending, named = cl.pending.park()
+        ticket = -1 if give_up else cl.ticket
+        for n, token in named.items():
+            grant = token if self.rules.on("R13") else 0
+            s = self._send(s, c, n, ("undo", (c, cl.acquires), ticket, grant, token))
+        return self._client(s, c, pending=pending)
+
+    def _abandon(self, s: State, c: int) -> State:
+        """A failed acquire gives back any grant and its place in the queue (replayed
+        once after a dropped connection)."""
+        s = self._send_all(s, c, ("rel", (c, s.clients[c].acquires), 1))
+        return self._client(s, c, phase="idle", pending=None)
+
+    def _after_try(self, s: State, c: int) -> State:
+        """The round of a try is decided (or timed out): redlock.py ``_attempt``."""
+        cl = s.clients[c]
+        pending = cl.pending
+        assert pending is not None
+        busy = usable = 0
+        for i, reply in enumerate(cl.replies):
+            if not isinstance(reply, tuple):
+                continue
+            code, extra = reply
+            if code > 0:
+                usable += 1
+                since = cl.start if self.rules.on("R5") else s.now
+                pending = pending.granted(i, code, since, self.rules)
+            elif code == 0:
+                usable += 1
+                busy += 1
+                pending = pending.refused(i, cl.start, extra, self.rules)
+        s = self._client(s, c, pending=pending)
+        ready = pending.lease(self.q, s.now, self.cut, self.rules)
+        if ready is not None:
+            s = self._client(s, c, deaf=cl.deaf | {cl.tries})
+            return self._grant(s, c, ready)
+        granted = pending.held()
+        if granted:
+            s = self._undo(s, c, give_up=usable < self.q)
+        if granted >= self.q or (busy and granted + busy >= self.q):
+            return self._client(s, c, phase="waiting")
+        return self._abandon(s, c)  # QuorumUnavailable
+
+    def _after_raise(self, s: State, c: int) -> State:
+        cl = s.clients[c]
+        ok = sum(isinstance(r, int) and r >= cl.token for r in cl.replies)
+        if ok >= self.q:
+            assert cl.pending is not None
+            s = self._client(s, c, pending=cl.pending.retoken(cl.token))
+            return self._leased(s, c, cl.token, cl.valid_until)
+        return self._abandon(self._undo(s, c, give_up=True), c)
+
+    def _after_extend(self, s: State, c: int) -> State:
+        cl = s.clients[c]
+        ok = sum(isinstance(r, int) and r > 0 for r in cl.replies)
+        if ok >= self.q:
+            return self._client(s, c, phase="holding", valid_until=cl.start + self.cut)
+        if sum(r == 0 for r in cl.replies) > self.n - self.q:
+            return self._client(s, c, phase="idle")  # LeaseLost: the holder stops
+        return self._client(s, c, phase="holding")  # QuorumUnavailable: as it was
+
+    def _decided(self, cl: Client) -> bool:
+        r = cl.replies
+        if cl.phase == "trying":  # redlock.py _acquire_decider
+            granted = held = pending = 0
+            for i, reply in enumerate(r):
+                if i in cl.before:
+                    granted += 1
+                elif reply is None:
+                    pending += 1
+                elif isinstance(reply, tuple) and reply[0] > 0:
+                    granted += 1
+                elif isinstance(reply, tuple) and reply[0] == 0:
+                    held += 1
+            if granted >= self.q:
+                return True
+            if granted + pending >= self.q:
+                return False
+            return granted + held >= self.q or granted + held + pending < self.q or not pending
+        need = cl.token if cl.phase == "raising" else 1
+        ok = sum(isinstance(x, int) and x >= need for x in r)
+        bad = sum(x is not None for x in r) - ok
+        return ok >= self.q or bad > self.n - self.q or None not in r
+
+    def _client_steps(self, s: State, c: int) -> Iterator[tuple[Label, State]]:
+        cl = s.clients[c]
+        b = self.b
+        most = b.acquires if isinstance(b.acquires, int) else b.acquires[c]
+        if cl.phase == "idle" and cl.acquires < most:
+            pending = Pending.new(self.n, s.now)
+            s2 = self._client(
+                s, c, acquires=cl.acquires + 1, pending=pending, tries=0, deaf=frozenset(),
+                ticket=s.now * 100 + sum(x.acquires for x in s.clients),  # arrival order
+            )  # fmt: skip
+            yield ("acquire", c), self._attempt(s2, c)
+        elif cl.phase == "waiting":
+            assert cl.pending is not None
+            if cl.tries < b.tries or cl.pending.lease(self.q, s.now, self.cut, self.rules):
+                yield ("retry", c), self._attempt(s, c)
+            else:  # the deadline: a waiter gives up after its last try (a bound)
+                yield ("give up", c), self._abandon(s, c)
+        elif cl.phase in ("trying", "raising", "extending"):
+            after = {"trying": self._after_try, "raising": self._after_raise}.get(
+                cl.phase, self._after_extend
+            )
+            if self._decided(cl):
+                yield ("decide", c, cl.phase), after(s, c)
+            elif None in cl.replies and self._may(s, "timeout"):  # a slow node: a fault
+                yield ("time out", c, cl.phase), after(s._replace(faults=s.faults + 1), c)
+        elif cl.phase == "holding":
+            lease = (c, cl.acquires)
+            yield (
+                ("release", c),
+                self._client(self._send_all(s, c, ("rel", lease, 1)), c, phase="idle"),
+            )
+            if cl.extends < b.extends and cl.valid_until > s.now:
+                s2 = self._send_all(s, c, ("ext", lease, cl.extends + 1, s.now))
+                s2 = self._client(
+                    s2, c, phase="extending", extends=cl.extends + 1, start=s.now,
+                    replies=(None,) * self.n,
+                )  # fmt: skip
+                yield ("extend", c), s2
+
+    # nodes
+    def run(self, s: State, n: int, msg: Msg) -> tuple[State, object]:
+        """Node ``n`` runs one request; returns the state and the reply."""
+        node, now, ttl, rules = s.nodes[n], s.now, self.b.ttl, self.rules
+        kind, lease = msg[0], msg[1]
+        assert isinstance(lease, tuple)
+        if kind == "acq":
+            node, reply, pub = ns.acquire(node, lease, msg[2], now, ttl, rules)  # type: ignore[arg-type]
+        elif kind == "undo":
+            ticket = msg[2] if msg[2] != -1 else None
+            node, reply, pub = ns.undo(node, lease, ticket, msg[3], now, ttl, rules)  # type: ignore[arg-type]
+        elif kind == "rel":
+            node, reply, pub = ns.release(node, lease, now, ttl)
+        elif kind == "raise":
+            node, reply, pub = ns.raise_fence(node, lease, msg[2], rules)  # type: ignore[arg-type]
+        else:
+            node, reply, pub = ns.extend(node, lease, now, ttl)
+        s = s._replace(nodes=_put(s.nodes, n, node))
+        if pub is not None:
+            link = (self.b.clients + pub[0][0]) * self.n + n
+            s = s._replace(inflight=(*s.inflight, (link, ("handover", pub[0], pub[1], n))))
+        return s, reply
+
+    def _deliver(self, s: State, c: int, n: int, msg: Msg, reply: object) -> State:
+        """Client ``c`` gets ``reply`` to ``msg`` from node ``n``."""
+        cl = s.clients[c]
+        kind, lease = msg[0], msg[1]
+        mine = lease == (c, cl.acquires)
+        pending = cl.pending if mine else None
+        if kind == "acq" and mine and cl.phase == "trying" and msg[3] == cl.tries:
+            if cl.replies[n] is None:
+                return self._answered(self._client(s, c, replies=_put(cl.replies, n, reply)), c)
+        elif kind == "acq" and pending is not None and isinstance(reply, tuple):
+            if msg[3] not in cl.deaf:  # a late answer (Handovers.answered_late)
+                code, extra = reply
+                sent = msg[4] if self.rules.on("R5") else s.now
+                if code == 0:
+                    pending = pending.refused(n, msg[4], extra, self.rules)  # type: ignore[arg-type]
+                elif code > 0:
+                    pending = pending.granted(n, code, sent, self.rules)  # type: ignore[arg-type]
+                return self._client(s, c, pending=pending)
+        elif kind == "undo" and pending is not None:
+            answer = reply if isinstance(reply, int) else None
+            return self._client(s, c, pending=pending.undone(n, msg[4], answer, self.rules))  # type: ignore[arg-type]
+        elif kind == "rel" and reply == FAIL and msg[2]:
+            return self._send(s, c, n, ("rel", lease, 0))  # replayed after the reconnect
+        elif kind in ("raise", "ext") and mine and cl.phase in ("raising", "extending"):
+            round_of = cl.extends if kind == "ext" else cl.tries  # which round it answers
+            if cl.replies[n] is None and msg[2 if kind == "ext" else 3] == round_of:
+                return self._answered(self._client(s, c, replies=_put(cl.replies, n, reply)), c)
+        return s
+
+    def _answered(self, s: State, c: int) -> State:
+        """A round goes on as soon as it is decided (the answer's callback decides it)."""
+        cl = s.clients[c]
+        if not self._decided(cl):
+            return s
+        if cl.phase == "trying":
+            return self._after_try(s, c)
+        return self._after_raise(s, c) if cl.phase == "raising" else self._after_extend(s, c)
+
+    def _hand_over(self, s: State, n: int, lease: Lease, token: int) -> State:
+        """A hand-over message reaches the waiter's process (Handovers.handed)."""
+        c = lease[0]
+        cl = s.clients[c]
+        if cl.pending is None or lease != (c, cl.acquires):
+            return s  # the acquire is over (R16, fixing the late grant's token: not modelled)
+        return self._client(s, c, pending=cl.pending.handed(n, token, s.now, self.rules))
+
+    # the environment: time, faults, resync (resync.py)
+    def _crash(self, s: State, n: int) -> State:
+        """Node ``n`` restarts with its data lost; calls in flight to it fail."""
+        node = Node(synced=False) if self.rules.on("R17") else Node(base=s.nodes[n].base)
+        s = self._fail_link(s, n, stuck=False)
+        stuck = tuple(x for x in s.stuck if x[0] != n)
+        return s._replace(
+            nodes=_put(s.nodes, n, node), stuck=stuck, faults=s.faults + 1, crashes=s.crashes + 1
+        )
+
+    def _fail_link(self, s: State, n: int, c: int | None = None, *, stuck: bool = True) -> State:
+        """Drop client ``c``'s connection to node ``n`` (every client's: ``c`` None): every
+        call in flight on it fails at once."""
+        for k in range(self.b.clients) if c is None else (c,):
+            link = k * self.n + n
+            reqs = [m for k, m in s.inflight if k == link]
+            s = s._replace(inflight=tuple(x for x in s.inflight if x[0] != link))
+            if stuck:  # still in the socket of a paused server: may run any time later
+                s = s._replace(stuck=tuple(sorted((*s.stuck, *((n, m) for m in reqs)))))
+            for msg in reqs:
+                s = self._deliver(s, k, n, msg, FAIL)
+        return s
+
+    def _resyncs(self, s: State, n: int) -> Iterator[tuple[Label, State]]:
+        """Resync of unsynced node ``n`` by a process that got answers from ``seen``."""
+        others = [m for m in range(self.n) if m != n]
+        needed = self.n - self.q + 1
+        done = set()
+        for k in range(1, len(others) + 1):
+            for seen in combinations(others, k):
+                synced = [m for m in seen if s.nodes[m].synced]
+                if len(synced) >= needed:
+                    sources, base = synced, max(s.nodes[m].base for m in synced)
+                elif self.rules.on("R18") and k == len(others):
+                    # a majority restarted: every node answered, too few synced; the
+                    # wall clock is above every token issued (that is its assumption)
+                    sources = list(seen)
+                    base = 1 + max((*s.leases, *(x.fence for x in s.nodes), 0))
+                elif not self.rules.on("R18") and k + 1 >= self.q:
+                    # the buggy fallback: synced nodes merely unreachable, and a wall
+                    # clock that is behind (contributes nothing)
+                    sources, base = list(seen), max(s.nodes[m].base for m in seen)
+                else:
+                    continue
+                fence = max(s.nodes[n].fence, *(s.nodes[m].fence for m in sources))
+                quarantine = s.now + self.b.ttl if self.rules.on("R19") else 0
+                node = s.nodes[n]._replace(
+                    fence=fence, synced=True, base=base, quarantine=quarantine
+                )
+                if node not in done:
+                    done.add(node)
+                    yield ("resync", n, seen), s._replace(nodes=_put(s.nodes, n, node))
+
+    def _may(self, s: State, kind: str) -> bool:
+        return s.faults < self.b.faults and kind in self.b.kinds
+
+    def _tick(self, s: State) -> State:
+        now = s.now + 1
+        nodes = tuple(
+            x._replace(lock=None) if x.lock is not None and x.lock[2] <= now else x for x in s.nodes
+        )
+        return s._replace(now=now, nodes=nodes)
+
+    def successors(self, s: State) -> Iterator[tuple[Label, State]]:
+        for label, s2 in self._steps(s):
+            if s2.clients is not s.clients:
+                s2 = s2._replace(clients=tuple(map(_canonical, s2.clients)))
+            if self._fits(s2):
+                yield label, s2
+
+    def _steps(self, s: State) -> Iterator[tuple[Label, State]]:
+        b = self.b
+        for c in range(b.clients):
+            yield from self._client_steps(s, c)
+        firsts: set[int] = set()
+        for i, (link, msg) in enumerate(s.inflight):
+            if link in firsts:
+                continue  # FIFO: behind an earlier request on its link
+            firsts.add(link)
+            if i and s.reorders >= b.reorders:
+                break
+            rest = s.inflight[:i] + s.inflight[i + 1 :]
+            s2 = s._replace(inflight=rest, reorders=s.reorders + bool(i))
+            if msg[0] == "handover":
+                _, lease, token, n = msg
+                yield ("hand-over", n, lease, token), self._hand_over(s2, n, lease, token)  # type: ignore[arg-type]
+                continue
+            c, n = divmod(link, self.n)
+            s2, reply = self.run(s2, n, msg)  # the node runs it, and the client gets the answer
+            yield ("run", n, c, msg, reply), self._deliver(s2, c, n, msg, reply)
+        for i, (n, msg) in enumerate(s.stuck):
+            if i and s.stuck[i - 1] == (n, msg):
+                continue
+            s2, reply = self.run(s._replace(stuck=s.stuck[:i] + s.stuck[i + 1 :]), n, msg)
+            yield ("stuck runs", n, msg, reply), s2
+        for i, (link, msg) in enumerate(s.inflight):
+            if msg[0] != "handover":
+                continue
+            _, lease, token, n = msg
+            rest, faults = s.inflight[:i] + s.inflight[i + 1 :], s.faults + 1
+            if self._may(s, "lose"):
+                yield ("LOSE hand-over", n, lease, token), s._replace(inflight=rest, faults=faults)
+            if self._may(s, "duplicate"):
+                again = (*s.inflight, (link, msg))  # a second copy, after all sent so far
+                yield (
+                    ("DUPLICATE hand-over", n, lease, token),
+                    s._replace(inflight=again, faults=faults),
+                )
+        for n in range(self.n):
+            if not s.nodes[n].synced:
+                yield from self._resyncs(s, n)
+        if s.now < b.max_time:
+            yield ("tick",), self._tick(s)
+        if self._may(s, "drop"):
+            for c in range(b.clients):
+                for n in range(self.n):
+                    link = c * self.n + n
+                    if any(x[0] == link for x in s.inflight):
+                        s2 = self._fail_link(s, n, c)
+                        yield ("DROP connection", c, n), s2._replace(faults=s.faults + 1)
+        if self._may(s, "crash") and s.crashes < b.crashes:
+            for n in range(self.n):
+                yield ("CRASH", n), self._crash(s, n)
+
+    # invariants
+    def violation(self, s: State) -> str | None:
+        valid = [c for c, cl in enumerate(s.clients) if _believes(cl, s.now)]
+        if len(valid) > 1:
+            return f"I1: clients {valid} both hold a valid lease at t={s.now}"
+        for earlier, later in zip(s.leases, s.leases[1:], strict=False):
+            if later <= earlier:
+                return f"I2: a lease got token {later} after a lease with token {earlier}"
+        for n, node in enumerate(s.nodes):
+            if node.lock is not None and not s.now < node.lock[2] <= s.now + self.b.ttl:
+                return f"I3: node {n} holds {node.lock} beyond its ttl at t={s.now}"
+        return None
+
+
+def _believes(cl: Client, now: int) -> bool:
+    """The client holds a lease whose validity has not passed."""
+    return cl.phase in ("holding", "extending") and cl.valid_until > now
+
+
+def _canonical(cl: Client) -> Client:
+    """Forget what the client's phase does not use, so that equal situations are one state."""
+    phase = cl.phase
+    if phase == "idle":
+        return Client(acquires=cl.acquires)
+    if phase == "holding":
+        return Client(phase, cl.acquires, valid_until=cl.valid_until, extends=cl.extends)
+    if phase == "extending":
+        return Client(
+            phase, cl.acquires, start=cl.start, replies=cl.replies, valid_until=cl.valid_until,
+            extends=cl.extends,
+        )  # fmt: skip
+    if phase == "waiting":
+        return cl._replace(start=0, replies=(), before=frozenset(), token=0, valid_until=0)
+    if phase == "raising":
+        return cl._replace(start=0, before=frozenset())
+    return cl._replace(token=0, valid_until=0)
