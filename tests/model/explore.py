@@ -155,8 +155,8 @@ def _trace(
     return [f"{i + 1:2d}. {line}" for i, line in enumerate(lines)], labels
 
 
-def replay(model: Model, steps: list[Label]) -> int | None:
-    """Run ``steps`` in ``model``: the index of the first one it cannot take, or None."""
+def replay(model: Model, steps: list[Label]) -> tuple[int, State]:
+    """Take ``steps`` in ``model`` while it can: how many it took, and the state reached."""
     state = model.initial()
     for i, label in enumerate(steps):
         for candidate, nxt in model.successors(state):
@@ -164,8 +164,8 @@ def replay(model: Model, steps: list[Label]) -> int | None:
                 state = nxt
                 break
         else:
-            return i
-    return None
+            return i, state
+    return len(steps), state
 
 
 def _lease(lease: object) -> str:
