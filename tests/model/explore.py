@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crashes", type=int, default=d.crashes)
     p.add_argument("--capacity", type=int, default=d.capacity)
     p.add_argument("--reorders", type=int, default=d.reorders)
+    p.add_argument("--counter", type=int, default=d.counter, help="every node's at the start")
     p.add_argument("--kinds", default=",".join(sorted(d.kinds)), help="fault kinds allowed")
     p.add_argument("--depth", type=int, default=1000, help="steps from the start")
     p.add_argument("--max-states", type=int, default=20_000_000)
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     bounds = Bounds(
         clients=a.clients, acquires=_acquires(a.acquires), tries=a.tries, extends=a.extends,
         max_time=a.time, ttl=a.ttl, faults=a.faults, crashes=a.crashes, capacity=a.capacity,
-        reorders=a.reorders, kinds=frozenset(k for k in a.kinds.split(",") if k),
+        reorders=a.reorders, counter=a.counter, kinds=frozenset(k for k in a.kinds.split(",") if k),
     )  # fmt: skip
     model = Model(bounds, frozenset(r.upper() for r in a.without))
     print(f"bounds {bounds._asdict()}, without {sorted(model.rules.off) or 'nothing'}")

@@ -57,6 +57,7 @@ class Bounds(NamedTuple):
     capacity: int = 2  # requests in flight per link, and hand-overs
     reorders: int = 2  # messages taken before an earlier-sent message of another link
     kinds: frozenset[str] = FAULTS  # the kinds of fault that may happen
+    counter: int = 0  # fence:{name} on every node at the start (earlier leases)
 
 
 class Client(NamedTuple):
@@ -104,7 +105,8 @@ class Model:
         self.cut = bounds.ttl - bounds.drift  # R5: validity = ttl - drift(ttl)
 
     def initial(self) -> State:
-        return State(0, (Node(),) * self.n, (Client(),) * self.b.clients, (), ())
+        nodes = (Node(fence=self.b.counter),) * self.n
+        return State(0, nodes, (Client(),) * self.b.clients, (), ())
 
     # helpers
     def _client(self, s: State, c: int, **kw: Any) -> State:
