@@ -83,7 +83,7 @@ def acquire(node: Node, lease: Lease, ticket: int, now: int, ttl: int, rules: Ru
 
 
 def _hand_over(node: Node, freed: bool, now: int, ttl: int) -> tuple[Node, Published]:
-    """The tail of release.lua: a freed lock goes to the queue's head, published to it."""
+    """queue.lua ``hand_over``: a freed lock goes to the queue's head, published to it."""
     head = node.head()
     if not freed or head is None or node.grantable(now):
         return node, None  # an ungrantable node publishes a bare wake-up: not modelled
@@ -93,7 +93,7 @@ def _hand_over(node: Node, freed: bool, now: int, ttl: int) -> tuple[Node, Publi
 
 
 def release(node: Node, lease: Lease, now: int, ttl: int) -> Result:
-    """release.lua mode '1' (release, or abandon: leave the queue too)."""
+    """release.lua (a release, or an abandon: leave the queue too)."""
     held = node.lock is not None
     owned = node.held_by(lease)
     if owned:
@@ -106,7 +106,7 @@ def release(node: Node, lease: Lease, now: int, ttl: int) -> Result:
 def undo(
     node: Node, lease: Lease, ticket: int | None, named: int, now: int, ttl: int, rules: Rules
 ) -> Result:
-    """release.lua mode '0': undo grant ``named`` (0: any grant of the lease, R13 off).
+    """undo.lua: undo grant ``named`` (0: any grant of the lease, R13 off).
 
     ``ticket`` None: give the grant up; else keep it unless an earlier waiter is
     queued here (R15). Replies the token when kept, minus it when given up, 0 when

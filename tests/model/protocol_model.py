@@ -127,7 +127,7 @@ class Model:
             return False
         return len(s.inflight) <= cap or max(Counter(x[0] for x in s.inflight).values()) <= cap
 
-    # client steps (redlock.py _attempt / _grant / _undo / abandon, manager.py _contend)
+    # client steps (acquire.py attempt / _grant / _undo, redlock.py abandon, manager.py)
     def _attempt(self, s: State, c: int) -> State:
         """A try: a hand-over quorum is a lease at once; else ask every node."""
         cl = s.clients[c]
@@ -182,7 +182,7 @@ class Model:
         return self._client(s, c, phase="idle", pending=None)
 
     def _after_try(self, s: State, c: int) -> State:
-        """The round of a try is decided (or timed out): redlock.py ``_attempt``."""
+        """The round of a try is decided (or timed out): acquire.py ``attempt``."""
         cl = s.clients[c]
         pending = cl.pending
         assert pending is not None
@@ -231,7 +231,7 @@ class Model:
 
     def _decided(self, cl: Client) -> bool:
         r = cl.replies
-        if cl.phase == "trying":  # redlock.py _acquire_decider
+        if cl.phase == "trying":  # acquire.py _decider
             granted = held = pending = 0
             for i, reply in enumerate(r):
                 if i in cl.before:

@@ -1,6 +1,6 @@
 """Model check of the lock protocol: the invariants hold, and the rules are needed.
 
-The model (``protocol_model.py``) follows lockservice's Lua scripts, redlock.py
+The model (``protocol_model.py``) follows lockservice's Lua scripts, acquire.py
 and handover.py; ``explore`` visits every state reachable within the bounds,
 breadth first. Each "teeth" case switches one rule off and expects a state that
 breaks an invariant, within bounds just large enough for that counterexample,
@@ -116,7 +116,7 @@ def test_the_shortest_counterexample_is_found() -> None:
 
 
 def test_the_node_model_follows_the_scripts() -> None:
-    """Spot checks of the node model against acquire.lua and release.lua."""
+    """Spot checks of the node model against acquire.lua and undo.lua."""
     rules = Rules()
     node, reply, _ = acquire(Node(), (0, 1), 0, 0, 2, rules)
     assert reply == (1, 0)
