@@ -51,6 +51,7 @@ def explore(
     progress: Callable[[Result], None] | None = None,
     every: float = 5.0,
     depth_first: bool = False,
+    start: State | None = None,
 ) -> Result:
     """Explore from the initial state; stop at the first violation or a bound.
 
@@ -60,7 +61,7 @@ def explore(
         return _explore_depth_first(model, max_depth, max_states, seconds, progress, every)
     began = time.monotonic()
     result = Result()
-    start = model.initial()
+    start = start or model.initial()
     parent: dict[State, tuple[State, Label] | None] = {start: None}
     frontier: deque[State] = deque([start])
     depth = 0
