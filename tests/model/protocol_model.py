@@ -25,74 +25,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from itertools import combinations
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
 from tests.model import node_scripts as ns
 from tests.model.node_scripts import Lease, Node
+from tests.model.state import (
+    FAIL,
+    Bounds,
+    Client,
+    Label,
+    Msg,
+    State,
+    believes,
+    canonical,
+    put,
+)
 from tests.model.waiter import Pending, Rules
 
-__all__ = ["Bounds", "Client", "Model", "State"]
-
-FAIL = "FAIL"  # a call's future failed with ConnectionError
-# timeout: a round decided without a node's answer (a slow node); drop: a client's
-# connection to a node drops; lose/duplicate: a hand-over message; crash: a node
-# restarts with its data lost
-FAULTS = frozenset({"timeout", "drop", "lose", "duplicate", "crash"})
-Msg = tuple[object, ...]  # (kind, lease, ...): see the senders below
-Label = tuple[object, ...]
-T = TypeVar("T")
-
-
-class Bounds(NamedTuple):
-    clients: int = 2
-    nodes: int = 3
-    acquires: int | tuple[int, ...] = 1  # per client (a tuple: client by client)
-    tries: int = 2  # round-1 tries per acquire
-    extends: int = 0  # per lease
-    ttl: int = 2  # ticks
-    drift: int = 0  # ticks
-    max_time: int = 3
-    faults: int = 2  # dropped connections, lost or duplicated messages, crashes
-    crashes: int = 1
-    capacity: int = 2  # requests in flight per link, and hand-overs
-    reorders: int = 2  # messages taken before an earlier-sent message of another link
-    kinds: frozenset[str] = FAULTS  # the kinds of fault that may happen
-    counter: int = 0  # fence:{name} on every node at the start (earlier leases)
-
-
-class Client(NamedTuple):
-    phase: str = "idle"  # idle, trying, waiting, raising, holding, extending
-    acquires: int = 0  # acquires started; the lease is (client, acquires)
-    pending: Pending | None = None  # the queued acquire's grants (Handovers)
-    tries: int = 0  # tries sent in this acquire; a try is named by its number
-    start: int = 0  # send time of the round under way
-    replies: tuple[object, ...] = ()  # this round's answers per node (None: not yet)
-    before: frozenset[int] = frozenset()  # nodes already granted when the try was sent
-    deaf: frozenset[int] = frozenset()  # tries decided with a lease: late answers ignored
-    ticket: int = 0
-    token: int = 0
-    valid_until: int = 0
-    extends: int = 0
-
-
-class State(NamedTuple):
-    now: int
-    nodes: tuple[Node, ...]
-    clients: tuple[Client, ...]
-    # messages in flight as (link, message), in the order they were sent: requests on
-    # link client * nodes + node (FIFO), hand-overs ("handover", lease, token, node) on
-    # link (clients + client) * nodes + node. Taking one before an earlier message of
-    # another link is a reordering (``Bounds.reorders``)
-    inflight: tuple[tuple[int, Msg], ...]
-    stuck: tuple[tuple[int, Msg], ...]  # requests of dropped connections: a bag
-    faults: int = 0
-    crashes: int = 0
-    leases: tuple[int, ...] = ()  # tokens of the leases granted, in order of creation
-    reorders: int = 0
-
-
-def _put(items: tuple[T, ...], i: int, value: T) -> tuple[T, ...]:
-    return (*items[:i], value, *items[i + 1 :])
+__all__ = ["Bounds", "Client", "Label", "Model", "State"]
 
 
 class Model:
@@ -110,7 +60,7 @@ class Model:
 
     # helpers
     def _client(self, s: State, c: int, **kw: Any) -> State:
-        return s._replace(clients=_put(s.clients, c, s.clients[c]._replace(**kw)))
+        return s._replace(clients=put(s.clients, c, s.clients[c]._replace(**kw)))
 
     def _send(self, s: State, c: int, n: int, msg: Msg) -> State:
         link = c * self.n + n
@@ -308,7 +258,7 @@ class Model:
             node, reply, pub = ns.raise_fence(node, lease, msg[2], rules)  # type: ignore[arg-type]
         else:
             node, reply, pub = ns.extend(node, lease, now, ttl)
-        s = s._replace(nodes=_put(s.nodes, n, node))
+        s = s._replace(nodes=put(s.nodes, n, node))
         if pub is not None:
             link = (self.b.clients + pub[0][0]) * self.n + n
             s = s._replace(inflight=(*s.inflight, (link, ("handover", pub[0], pub[1], n))))
@@ -322,7 +272,7 @@ class Model:
         pending = cl.pending if mine else None
         if kind == "acq" and mine and cl.phase == "trying" and msg[3] == cl.tries:
             if cl.replies[n] is None:
-                return self._answered(self._client(s, c, replies=_put(cl.replies, n, reply)), c)
+                return self._answered(self._client(s, c, replies=put(cl.replies, n, reply)), c)
         elif kind == "acq" and pending is not None and isinstance(reply, tuple):
             if msg[3] not in cl.deaf:  # a late answer (Handovers.answered_late)
                 code, extra = reply
@@ -340,7 +290,7 @@ class Model:
         elif kind in ("raise", "ext") and mine and cl.phase in ("raising", "extending"):
             round_of = cl.extends if kind == "ext" else cl.tries  # which round it answers
             if cl.replies[n] is None and msg[2 if kind == "ext" else 3] == round_of:
-                return self._answered(self._client(s, c, replies=_put(cl.replies, n, reply)), c)
+                return self._answered(self._client(s, c, replies=put(cl.replies, n, reply)), c)
         return s
 
     def _answered(self, s: State, c: int) -> State:
@@ -367,7 +317,7 @@ class Model:
         s = self._fail_link(s, n, stuck=False)
         stuck = tuple(x for x in s.stuck if x[0] != n)
         return s._replace(
-            nodes=_put(s.nodes, n, node), stuck=stuck, faults=s.faults + 1, crashes=s.crashes + 1
+            nodes=put(s.nodes, n, node), stuck=stuck, faults=s.faults + 1, crashes=s.crashes + 1
         )
 
     def _fail_link(self, s: State, n: int, c: int | None = None, *, stuck: bool = True) -> State:
@@ -411,7 +361,7 @@ class Model:
                 )
                 if node not in done:
                     done.add(node)
-                    yield ("resync", n, seen), s._replace(nodes=_put(s.nodes, n, node))
+                    yield ("resync", n, seen), s._replace(nodes=put(s.nodes, n, node))
 
     def _may(self, s: State, kind: str) -> bool:
         return s.faults < self.b.faults and kind in self.b.kinds
@@ -426,7 +376,7 @@ class Model:
     def successors(self, s: State) -> Iterator[tuple[Label, State]]:
         for label, s2 in self._steps(s):
             if s2.clients is not s.clients:
-                s2 = s2._replace(clients=tuple(map(_canonical, s2.clients)))
+                s2 = s2._replace(clients=tuple(map(canonical, s2.clients)))
             if self._fits(s2):
                 yield label, s2
 
@@ -486,7 +436,7 @@ class Model:
 
     # invariants
     def violation(self, s: State) -> str | None:
-        valid = [c for c, cl in enumerate(s.clients) if _believes(cl, s.now)]
+        valid = [c for c, cl in enumerate(s.clients) if believes(cl, s.now)]
         if len(valid) > 1:
             return f"I1: clients {valid} both hold a valid lease at t={s.now}"
         for earlier, later in zip(s.leases, s.leases[1:], strict=False):
@@ -496,27 +446,3 @@ class Model:
             if node.lock is not None and not s.now < node.lock[2] <= s.now + self.b.ttl:
                 return f"I3: node {n} holds {node.lock} beyond its ttl at t={s.now}"
         return None
-
-
-def _believes(cl: Client, now: int) -> bool:
-    """The client holds a lease whose validity has not passed."""
-    return cl.phase in ("holding", "extending") and cl.valid_until > now
-
-
-def _canonical(cl: Client) -> Client:
-    """Forget what the client's phase does not use, so that equal situations are one state."""
-    phase = cl.phase
-    if phase == "idle":
-        return Client(acquires=cl.acquires)
-    if phase == "holding":
-        return Client(phase, cl.acquires, valid_until=cl.valid_until, extends=cl.extends)
-    if phase == "extending":
-        return Client(
-            phase, cl.acquires, start=cl.start, replies=cl.replies, valid_until=cl.valid_until,
-            extends=cl.extends,
-        )  # fmt: skip
-    if phase == "waiting":
-        return cl._replace(start=0, replies=(), before=frozenset(), token=0, valid_until=0)
-    if phase == "raising":
-        return cl._replace(start=0, before=frozenset())
-    return cl._replace(token=0, valid_until=0)
