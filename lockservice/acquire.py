@@ -27,6 +27,7 @@ from lockservice.replies import (
     Failure,
     Granted,
     Held,
+    Quarantined,
     Unsynced,
     parse_acquire,
     parse_count,
@@ -119,8 +120,8 @@ class Acquirer:
             elif isinstance(reply, Held):
                 busy.append(reply.pttl)
                 pending.refused(i, start, reply.counter)
-            elif isinstance(reply, Unsynced):
-                self._resyncer.schedule(self.nodes[i])
+            elif isinstance(reply, Unsynced) or (isinstance(reply, Quarantined) and not reply.pttl):
+                self._resyncer.schedule(self.nodes[i])  # a resync, or its second copy (R21)
         ready = pending.lease(self.quorum, loop.time())
         if ready is not None:
             for i, fut in enumerate(futures):  # R16 for nodes that have not answered

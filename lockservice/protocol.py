@@ -105,6 +105,12 @@ R19 A resynced node is quarantined for ``max_ttl``: it grants nothing until
 R20 A node whose ``maxmemory-policy`` is not ``noeviction`` never counts: it
     could evict counters or live locks (``node``; checked at each connect, so
     a policy changed at run time is seen at the next reconnect).            [I2]
+R21 After its quarantine a resynced node copies the counters again, from N - Q
+    + 1 synced nodes that are not waiting for a copy of their own (or from all
+    such nodes, when every node answers), before it grants: a try sent before
+    the restart may have run on a synced node after the first copy and made a
+    lease with the grant the node forgot. The model found this schedule
+    (``mark_synced.lua``, ``recopied.lua``, ``resync``).                   [I2]
 
 Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out; ``tests/model`` adds a counterexample for each rule it can switch off):
@@ -148,6 +154,8 @@ R18 faults/test_node_restart: without_resync_a_restarted_node_reissues_tokens,
     not_answer, a_node_that_restarts_again_during_its_resync_is_resynced_again
 R19 faults/test_node_restart: restarted_node_does_not_grant_a_lease_it_forgot
 R20 faults/test_node_problems: a_node_that_may_evict_keys_never_counts
+R21 model: without_the_second_copy_a_resync_misses_a_grant_in_flight;
+    faults/test_node_restart: a_grant_that_lands_after_the_first_copy_is_copied_again
 """
 
 from __future__ import annotations
@@ -161,6 +169,7 @@ __all__ = [
     "MAX_TTL_KEY",
     "NODE_TRANSITIONS",
     "QUARANTINE_KEY",
+    "RECOPY_KEY",
     "RELEASE_CHANNEL",
     "SYNCED_KEY",
     "AttemptState",
@@ -174,6 +183,7 @@ __all__ = [
 RELEASE_CHANNEL: Final = "fencegate:released"  # + ":<process>": hand-overs and wake-ups
 SYNCED_KEY: Final = "fencegate:synced"  # "<token base> <run_id>" (R17)
 QUARANTINE_KEY: Final = "fencegate:quarantine"  # PX max_ttl after a resync (R19)
+RECOPY_KEY: Final = QUARANTINE_KEY + ":recopy"  # set by a resync until its 2nd copy (R21)
 MAX_TTL_KEY: Final = "fencegate:max_ttl_ms"  # the largest max_ttl of any gateway (R19)
 KEEPALIVE_MS: Final = 3000  # a queued waiter that does not try again within it drops out (R8)
 

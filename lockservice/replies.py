@@ -173,6 +173,8 @@ def describe(reply: object) -> str:
     if isinstance(reply, Failure):
         return reply.reason
     if isinstance(reply, Quarantined):
+        if not reply.pttl:
+            return "quarantined until its counters are copied again after a resync (R21)"
         return f"quarantined for {reply.pttl / 1000:.1f} s more after a resync (R19)"
     if isinstance(reply, Unsynced):
         return "restarted or new, not resynced yet (R17)"

@@ -18,7 +18,7 @@ from lockservice import scripts
 from lockservice.health import Health
 from lockservice.memory import wall_clock_base  # looked up at call time: tests skew it
 from lockservice.node import Node
-from lockservice.protocol import MAX_TTL_KEY, QUARANTINE_KEY, SYNCED_KEY, NodeState
+from lockservice.protocol import MAX_TTL_KEY, QUARANTINE_KEY, RECOPY_KEY, SYNCED_KEY, NodeState
 from lockservice.replies import Failure, parse_count, parse_scan, parse_values
 from lockservice.resp import Reply, is_failure
 
@@ -50,6 +50,7 @@ class Resyncer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restarted: set[str] = set()
         self._checks: set[asyncio.Task[None]] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         # False: trust an unsynced node as it is, as Redlock without resync would.
         # Only tests switch it off, to show what the resync prevents.
         self.enabled = True
@@ -64,17 +65,25 @@ class Resyncer:
         node.call(scripts.RESYNC, keys, values)
         if restarted:
             self._restarted.add(node.label)
+            self._health.set(node.index, NodeState.UNSYNCED)
             self.schedule(node)
             return
-        marker, quarantine = await asyncio.gather(
-            self._ask(node, "GET", SYNCED_KEY), self._ask(node, "PTTL", QUARANTINE_KEY)
+        marker, quarantine, recopy = await asyncio.gather(
+            self._ask(node, "GET", SYNCED_KEY),
+            self._ask(node, "PTTL", QUARANTINE_KEY),
+            self._ask(node, "EXISTS", RECOPY_KEY),
         )
         if not _synced(node, marker):
+            self._health.set(node.index, NodeState.UNSYNCED)
+            self.schedule(node)
+        elif isinstance(quarantine, int) and quarantine > 0:
+            self._health.set(node.index, NodeState.QUARANTINED)
+            self._later(node, quarantine / 1000)  # its second copy (R21) when it ends
+        elif recopy == 1:
+            self._health.set(node.index, NodeState.QUARANTINED, "waiting for its second copy")
             self.schedule(node)
         elif isinstance(quarantine, int):
-            self._health.set(
-                node.index, NodeState.QUARANTINED if quarantine > 0 else NodeState.HEALTHY
-            )
+            self._health.set(node.index, NodeState.HEALTHY)
 
     def check_soon(self, node: Node, *, restarted: bool) -> None:
         """``check`` in a task of its own (a reconnect seen by the inbox reader)."""
@@ -93,10 +102,17 @@ class Resyncer:
             return
         task = self._tasks.get(node.label)
         if task is None or task.done():
-            self._health.set(node.index, NodeState.UNSYNCED)
             self._tasks[node.label] = asyncio.create_task(
                 self._sync(node), name=f"fencegate-resync-{node.label}"
             )
+
+    def _later(self, node: Node, delay: float) -> None:
+        """Schedule node's resync (its second copy, R21) once ``delay`` seconds passed."""
+        old = self._timers.pop(node.label, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[node.label] = loop.call_later(delay + 0.01, self.schedule, node)
 
     def pending(self) -> bool:
         return any(not t.done() for t in self._tasks.values())
@@ -109,6 +125,8 @@ class Resyncer:
 
     async def close(self) -> None:
         self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
         tasks = [*self._tasks.values(), *self._checks]
         for task in tasks:
             task.cancel()
@@ -123,6 +141,9 @@ class Resyncer:
         except TimeoutError as exc:
             return exc
 
+    async def _ask_all(self, *args: bytes | str | int) -> list[Reply]:
+        return await asyncio.gather(*(self._ask(n, *args) for n in self._nodes))
+
     async def _sync(self, node: Node) -> None:
         backoff = 0.05
         while True:
@@ -135,21 +156,26 @@ class Resyncer:
             backoff = min(backoff * 2, 2.0)
 
     async def _sync_once(self, node: Node) -> bool:
-        markers = await asyncio.gather(*(self._ask(n, "GET", SYNCED_KEY) for n in self._nodes))
-        recorded = await asyncio.gather(*(self._ask(n, "GET", MAX_TTL_KEY) for n in self._nodes))
+        markers, recorded, waiting = await asyncio.gather(
+            self._ask_all("GET", SYNCED_KEY),
+            self._ask_all("GET", MAX_TTL_KEY),
+            self._ask_all("EXISTS", RECOPY_KEY),
+        )
         longest = [int(r) for r in recorded if isinstance(r, bytes) and r.isdigit()]
         self._quarantine_ms = max([self._own_max_ttl_ms, *longest])
         mine = markers[self._nodes.index(node)]
         if _synced(node, mine):
-            return True  # another process resynced it
+            return await self._recopy(node, markers, waiting)  # R21, when due
         if is_failure(mine) or node.run_id is None:
             return False
+        self._health.set(node.index, NodeState.UNSYNCED)
         run_id = node.run_id  # the run this resync vouches for, whatever happens meanwhile
         if not self.enabled:
             await self._finish(node, run_id, 0, 0)
             return True
         others = [(n, m) for n, m in zip(self._nodes, markers, strict=True) if n is not node]
-        synced = [n for n, m in others if _synced(n, m)]
+        # a node waiting for its own second copy may miss a grant in flight (R21)
+        synced = [n for n, m in others if _synced(n, m) and waiting[n.index] == 0]
         reachable = [n for n, m in others if not is_failure(m)]
         unknown = len(others) - len(reachable)  # may be synced: we cannot tell from here
         needed = len(self._nodes) - self._quorum + 1
@@ -222,6 +248,45 @@ class Resyncer:
         self._restarted.discard(node.label)
         return True
 
+    async def _recopy(self, node: Node, markers: list[Reply], waiting: list[Reply]) -> bool:
+        """R21: the second copy of a resynced node, once its quarantine is over.
+
+        A try sent before the node restarted may have run on a synced node after the
+        first copy, and made a lease with the grant this node forgot: copy again, from
+        N - Q + 1 synced nodes not waiting for a copy of their own (only those can
+        grant), or from all of them when every node answers.
+        """
+        if waiting[node.index] != 1:
+            return True  # nothing to do: synced, by this process or another
+        left = await self._ask(node, "PTTL", QUARANTINE_KEY)
+        if not isinstance(left, int):
+            return False
+        if left > 0:
+            self._later(node, left / 1000)
+            return True
+        run_id = node.run_id
+        others = [(n, m) for n, m in zip(self._nodes, markers, strict=True) if n is not node]
+        able = [n for n, m in others if _synced(n, m) and waiting[n.index] == 0]
+        everyone = all(not is_failure(m) for _, m in others)
+        needed = len(self._nodes) - self._quorum + 1
+        if len(able) < needed and not everyone:
+            log.warning(
+                "redis node %s waits for its second copy: %d synced nodes answer, %d needed",
+                node.label, len(able), needed,
+            )  # fmt: skip
+            return False
+        copied = 0
+        for source in able:
+            copied += await self._copy(source, node)
+        async with asyncio.timeout(self._timeout):
+            done = await node.call(scripts.RECOPIED, (SYNCED_KEY, QUARANTINE_KEY), (run_id or "",))
+        if done != 1 or node.run_id != run_id:
+            return False
+        log.info("redis node %s copied again (%d counters raised) and grants again",
+                 node.label, copied)  # fmt: skip
+        self._health.set(node.index, NodeState.HEALTHY)
+        return True
+
     async def _any_counter(self, nodes: list[Node]) -> bool:
         for source in nodes:
             reply = parse_scan(
@@ -277,6 +342,7 @@ class Resyncer:
         if quarantine_ms and done == 1:
             why = f"for {quarantine_ms / 1000:.1f} s after a resync (R19)"
             self._health.set(node.index, NodeState.QUARANTINED, why)
+            self._later(node, quarantine_ms / 1000)  # then its second copy (R21)
         elif done == 1:
             self._health.set(node.index, NodeState.HEALTHY)
         else:  # another process synced it in this run: its quarantine may still run

@@ -13,6 +13,7 @@ __all__ = [
     "INSPECT",
     "MARK_SYNCED",
     "RAISE_FENCE",
+    "RECOPIED",
     "RELEASE",
     "RESYNC",
     "STATE",
@@ -48,6 +49,18 @@ RAISE_FENCE = _load("raise_fence")
 INSPECT = _load("inspect")
 RESYNC = _load("resync")
 MARK_SYNCED = _load("mark_synced")
+RECOPIED = _load("recopied")
 STATE = _load("state", "queue")
 
-ALL = (ACQUIRE, RELEASE, UNDO, EXTEND, RAISE_FENCE, INSPECT, RESYNC, MARK_SYNCED, STATE)
+ALL = (
+    ACQUIRE,
+    RELEASE,
+    UNDO,
+    EXTEND,
+    RAISE_FENCE,
+    INSPECT,
+    RESYNC,
+    MARK_SYNCED,
+    RECOPIED,
+    STATE,
+)

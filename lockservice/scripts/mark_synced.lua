@@ -21,5 +21,6 @@ end
 redis.call('SET', KEYS[1], string.format('%d', base) .. ' ' .. ARGV[3])
 if tonumber(ARGV[2]) > 0 then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  redis.call('SET', KEYS[2] .. ':recopy', '1')  -- R21: copy again before granting
 end
 return 1

@@ -28,6 +28,11 @@ local function grantable(synced_key, quarantine_key, run_id)
   if q > 0 then
     return nil, -1, q
   end
+  -- R21: after its quarantine, a resynced node still waits for its counters to be
+  -- copied again ("<quarantine key>:recopy", node-global like every fencegate:* key)
+  if redis.call('EXISTS', quarantine_key .. ':recopy') == 1 then
+    return nil, -1, 0
+  end
   return tonumber(string.sub(marker, 1, sep - 1)), 0, 0
 end
 

@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 
 import pytest
+import redis
 
-from lockservice import LockHeld, LockManager, QuorumUnavailable, resync
+from lockservice import LockHeld, LockManager, QuorumUnavailable, resync, scripts
 from lockservice.node import Node
-from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
+from lockservice.protocol import QUARANTINE_KEY, RECOPY_KEY, SYNCED_KEY, lock_keys
 from tests._servers import RedisNode, free_port
 from tests.faults.conftest import (
     MAX_TTL,
@@ -39,6 +40,11 @@ MISSED = 20  # grants that node A never sees
 
 def quarantine_ms(node: RedisNode) -> int:
     return reply_int(node.command("PTTL", QUARANTINE_KEY))
+
+
+def copied_again(node: RedisNode) -> bool:
+    """The quarantine is over and the second copy done (R21): the node grants again."""
+    return quarantine_ms(node) < 0 and reply_int(node.command("EXISTS", RECOPY_KEY)) == 0
 
 
 async def _grant(mgr: LockManager, issued: list[int], *, held_on: RedisNode | None = None) -> None:
@@ -94,8 +100,11 @@ async def test_token_increases_after_node_restart_with_data_loss(
     with contextlib.suppress(QuorumUnavailable):  # A alone is no quorum: refusing is right
         await _grant(mgr, issued)  # but a grant must still exceed every earlier token
 
-    # Once the quarantine is over, A (stale) and C (resynced) are a quorum.
-    await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of node C over")
+    # Once the quarantine is over and C copied again (R21: from A and B, so B must be
+    # back for it), A (stale) and C (resynced) are a quorum.
+    b.resume()
+    await wait_until(lambda: copied_again(c), MAX_TTL + 8.0, "node C copied again")
+    b.pause()
     await _grant(mgr, issued, held_on=c)
 
     b.resume()
@@ -164,7 +173,7 @@ async def test_restarted_node_does_not_grant_a_lease_it_forgot(
     await other.release(second)
 
     # After the quarantine C counts again: without A, B and C make the quorum.
-    await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of node C over")
+    await wait_until(lambda: copied_again(c), MAX_TTL + 8.0, "node C copied again")
     a.kill()
     third = await other.acquire(NAME, ttl=1.0)
     assert third.token > second.token
@@ -209,7 +218,7 @@ async def test_a_gateway_whose_clock_is_behind_and_cannot_reach_a_synced_node_wa
         monkeypatch.undo()
         proper = await connect(own_redis3)  # reaches A and B: resyncs C from both
         await wait_until(lambda: quarantine_ms(c) > 0, 5.0, "node C resynced and quarantined")
-        await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of C over")
+        await wait_until(lambda: copied_again(c), MAX_TTL + 8.0, "node C copied again")
         a.kill()
         await proper.close()
         lease = await skewed.acquire(NAME, ttl=1.0, wait=2.0)  # B and C
@@ -325,7 +334,7 @@ async def test_a_node_that_restarts_again_during_its_resync_is_resynced_again(
     c.restart(lose_data=True)
     await wait_until(lambda: restarted_again, 5.0, "C restarted during its resync")
     await wait_until(lambda: quarantine_ms(c) > 0, 10.0, "C resynced (again) and quarantined")
-    await wait_until(lambda: quarantine_ms(c) < 0, MAX_TTL + 1.0, "quarantine of C over")
+    await wait_until(lambda: copied_again(c), MAX_TTL + 8.0, "node C copied again")
     a.kill()  # B (missed the newest grants) and C must still issue above them
     await _grant(mgr, issued, held_on=c)
     assert issued == sorted(set(issued))
@@ -344,3 +353,45 @@ async def test_the_quarantine_lasts_the_longest_max_ttl_of_any_gateway(
     c.restart(lose_data=True)
     await wait_until(lambda: quarantine_ms(c) > 0, 5.0, "node C resynced and quarantined")
     assert quarantine_ms(c) > 25_000, quarantine_ms(c)
+
+
+def _raw_acquire(node: RedisNode, lease_id: str, name: str = NAME) -> int:
+    """One node runs acquire.lua for ``lease_id``, as a try of some gateway would."""
+    info = node.command("INFO", "server").decode()
+    run_id = next(x.split(":", 1)[1] for x in info.split("\r\n") if x.startswith("run_id:"))
+    keys = lock_keys(name)
+    args = (lease_id, "10000", "", "3000", run_id, "raw")
+    with redis.Redis.from_url(node.url) as r:
+        reply = r.evalsha(scripts.ACQUIRE.sha, len(keys), *keys, *args)
+    return int(reply[0])
+
+
+async def test_a_grant_that_lands_after_the_first_copy_is_copied_again(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R21, the schedule the model check found (tests/model).
+
+    Lease L0's try reaches node 0 (token t), then node 0 restarts empty and is
+    resynced from nodes 1 and 2 before L0's try runs on node 1 (token t: L0 holds
+    nodes 0 and 1). Lease L1 gets t on node 2. Once node 0's quarantine is over it
+    must not grant L1 t as well: it copies the counters again first.
+    """
+    zero, one, two = own_redis3
+    mgr = await connect(own_redis3, max_ttl=1.0)
+    issued: list[int] = []
+    for _ in range(3):
+        await _grant(mgr, issued)
+    await wait_until(
+        lambda: all(reply_int(n.command("EXISTS", lock_key(NAME))) == 0 for n in own_redis3),
+        3.0,
+        "the last release ran on every node",
+    )
+    l0, l1 = "0" * 32, "1" * 32
+    t = _raw_acquire(zero, l0)
+    assert t > max(issued)
+    zero.restart(lose_data=True)
+    await wait_until(lambda: quarantine_ms(zero) > 0, 5.0, "node 0 resynced and quarantined")
+    assert _raw_acquire(one, l0) == t  # L0's try, late on node 1: L0 holds nodes 0 and 1
+    assert _raw_acquire(two, l1) == t  # L1 on node 2
+    await wait_until(lambda: copied_again(zero), 10.0, "node 0 copied again")
+    assert _raw_acquire(zero, l1) > t  # not L0's token again

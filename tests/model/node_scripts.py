@@ -33,12 +33,13 @@ class Node(NamedTuple):
     synced: bool = True
     base: int = 0  # the token base of the marker
     quarantine: int = 0  # fencegate:quarantine: refuses grants while now < this
+    recopy: bool = False  # fencegate:recopy: refuses grants until copied again (R21)
 
     def grantable(self, now: int) -> int:
         """0 when the node may grant, else acquire.lua's code (-2 unsynced, -1 quarantined)."""
         if not self.synced:
             return -2
-        return -1 if now < self.quarantine else 0
+        return -1 if now < self.quarantine or self.recopy else 0
 
     def held_by(self, lease: Lease) -> bool:
         return self.lock is not None and self.lock[0] == lease

@@ -340,7 +340,7 @@ class Model:
         done = set()
         for k in range(1, len(others) + 1):
             for seen in combinations(others, k):
-                synced = [m for m in seen if s.nodes[m].synced]
+                synced = [m for m in seen if s.nodes[m].synced and not s.nodes[m].recopy]
                 if len(synced) >= needed:
                     sources, base = synced, max(s.nodes[m].base for m in synced)
                 elif self.rules.on("R18") and k == len(others):
@@ -356,12 +356,29 @@ class Model:
                     continue
                 fence = max(s.nodes[n].fence, *(s.nodes[m].fence for m in sources))
                 quarantine = s.now + self.b.ttl if self.rules.on("R19") else 0
+                recopy = bool(quarantine) and self.rules.on("R21")
                 node = s.nodes[n]._replace(
-                    fence=fence, synced=True, base=base, quarantine=quarantine
+                    fence=fence, synced=True, base=base, quarantine=quarantine, recopy=recopy
                 )
                 if node not in done:
                     done.add(node)
                     yield ("resync", n, seen), s._replace(nodes=put(s.nodes, n, node))
+
+    def _recopies(self, s: State, n: int) -> Iterator[tuple[Label, State]]:
+        """R21: once its quarantine is over, node ``n`` copies the counters again from
+        N - Q + 1 synced nodes (not waiting for a copy of their own) before it grants:
+        a try in flight during the first copy may have made a lease since."""
+        others = [m for m in range(self.n) if m != n]
+        needed = self.n - self.q + 1
+        done = set()
+        for seen in combinations(others, needed):
+            if not all(s.nodes[m].synced and not s.nodes[m].recopy for m in seen):
+                continue
+            fence = max(s.nodes[n].fence, *(s.nodes[m].fence for m in seen))
+            node = s.nodes[n]._replace(fence=fence, recopy=False)
+            if node not in done:
+                done.add(node)
+                yield ("recopy", n, seen), s._replace(nodes=put(s.nodes, n, node))
 
     def _may(self, s: State, kind: str) -> bool:
         return s.faults < self.b.faults and kind in self.b.kinds
@@ -419,8 +436,11 @@ class Model:
                     s._replace(inflight=again, faults=faults),
                 )
         for n in range(self.n):
-            if not s.nodes[n].synced:
+            node = s.nodes[n]
+            if not node.synced:
                 yield from self._resyncs(s, n)
+            elif node.recopy and s.now >= node.quarantine:
+                yield from self._recopies(s, n)
         if s.now < b.max_time:
             yield ("tick",), self._tick(s)
         if self._may(s, "drop"):
