@@ -185,13 +185,9 @@ class Resyncer:
             if not await self._any_counter([node, *synced]):
                 # ... and none has a counter: no lease was ever granted (a new cluster),
                 # so none can have been forgotten either.
-                base = max([wall_clock_base(), *(_base(m) for _, m in others)])
-                await self._finish(node, run_id, base, 0)
-                log.info("redis node %s joins a new cluster", node.label)
+                await self._join(node, run_id, others)
             else:
-                copied = 0
-                for source in synced:
-                    copied += await self._copy(source, node)
+                copied = await self._copy_from(synced, node)
                 base = max(_base(m) for n, m in others if n in synced)
                 await self._finish(node, run_id, base, self._quarantine_ms)
                 log.info(
@@ -210,7 +206,7 @@ class Resyncer:
             # a cluster that never granted (a majority that lost all its data looks the
             # same: outside the guarantee). Start it here, all at once, so that the
             # others do not wait for a node that is down.
-            base = max([wall_clock_base(), *(_base(m) for _, m in others)])
+            base = _new_base(others)
             for peer in [node, *reachable]:
                 await self._finish(peer, peer.run_id, base, 0)
             log.info("redis nodes %s start a new cluster",
@@ -226,18 +222,13 @@ class Resyncer:
             return False
         elif not restarted and not await self._any_counter([node, *reachable]):
             # Every node answered and none has a counter: no lease was ever granted.
-            base = max([wall_clock_base(), *(_base(m) for _, m in others)])
-            await self._finish(node, run_id, base, 0)
-            log.info("redis node %s joins a new cluster", node.label)
+            await self._join(node, run_id, others)
         else:
             # Every node answered and too few are synced (a majority restarted): take
             # every counter any node still has, and a base from the wall clock above
             # them all (a defence in depth: the majority guarantee is gone).
-            copied = 0
-            for source in reachable:
-                copied += await self._copy(source, node)
-            base = max([wall_clock_base(), *(_base(m) for _, m in others)])
-            await self._finish(node, run_id, base, self._quarantine_ms)
+            copied = await self._copy_from(reachable, node)
+            await self._finish(node, run_id, _new_base(others), self._quarantine_ms)
             log.warning(
                 "redis node %s starts a new token base above every counter left "
                 "(%d raised from %d nodes); quarantined for %.1f s",
@@ -275,9 +266,7 @@ class Resyncer:
                 node.label, len(able), needed,
             )  # fmt: skip
             return False
-        copied = 0
-        for source in able:
-            copied += await self._copy(source, node)
+        copied = await self._copy_from(able, node)
         async with asyncio.timeout(self._timeout):
             done = await node.call(scripts.RECOPIED, (SYNCED_KEY, QUARANTINE_KEY), (run_id or "",))
         if done != 1 or node.run_id != run_id:
@@ -286,6 +275,17 @@ class Resyncer:
                  node.label, copied)  # fmt: skip
         self._health.set(node.index, NodeState.HEALTHY)
         return True
+
+    async def _join(self, node: Node, run_id: str | None, others: list[tuple[Node, Reply]]) -> None:
+        """A node of a cluster that never granted: synced with a new base, no quarantine."""
+        await self._finish(node, run_id, _new_base(others), 0)
+        log.info("redis node %s joins a new cluster", node.label)
+
+    async def _copy_from(self, sources: list[Node], target: Node) -> int:
+        copied = 0
+        for source in sources:
+            copied += await self._copy(source, target)
+        return copied
 
     async def _any_counter(self, nodes: list[Node]) -> bool:
         for source in nodes:
@@ -359,6 +359,12 @@ def _synced(node: Node, marker: Reply) -> bool:
         and node.run_id is not None
         and marker.endswith(b" " + node.run_id.encode())
     )
+
+
+def _new_base(others: list[tuple[Node, Reply]]) -> int:
+    """A token base above every token issued before now (the wall clock, R2) and above
+    every base the other nodes' markers name."""
+    return max([wall_clock_base(), *(_base(m) for _, m in others)])
 
 
 def _base(marker: Reply) -> int:
