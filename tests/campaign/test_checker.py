@@ -1,0 +1,184 @@
+"""The checker on small synthetic histories: each violation is found, a clean one has none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.campaign.checker import check, overlaps
+from tests.campaign.history import Event, FaultWindow, pair_ops
+
+
+class History:
+    """Builds events as clients record them: ``op()`` adds an invoke and its completion."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.ops = 0
+
+    def op(
+        self, process: str, f: str, start: float, end: float | None, result: str = "ok",
+        key: str = "kv/k", **fields: Any,
+    ) -> None:  # fmt: skip
+        self.ops += 1
+        store, name = key.split("/", 1)
+        base = {"process": process, "op": self.ops, "f": f, "store": store, "key": name}
+        self.events.append({**base, "type": "invoke", "mono": start, "wall": start, **fields})
+        if end is not None:
+            self.events.append({**base, "type": result, "mono": end, "wall": end, **fields})
+
+    def cycle(
+        self, process: str, t: float, token: int, value: int, *, lease: str | None = None,
+        key: str = "kv/k", write: str = "ok",
+    ) -> None:  # fmt: skip
+        """acquire at t, fenced read at t+1, write value at t+2, release at t+3 (each 0.5 s)."""
+        lease_id = lease or f"lease-{token}"
+        self.op(process, "acquire", t, t + 0.5, key=key, token=token, lease_id=lease_id,
+                valid_ms=10_000)  # fmt: skip
+        self.op(process, "read", t + 1, t + 1.5, key=key, token=token, lease_id=lease_id,
+                value=value - 1, fenced=True, status=200)  # fmt: skip
+        self.op(process, "write", t + 2, t + 2.5 if write != "info" else None, write,
+                key=key, token=token, lease_id=lease_id, value=value, status=200)  # fmt: skip
+        self.op(process, "release", t + 3, t + 3.5, key=key, lease_id=lease_id, status=204)
+
+    def final(self, value: int, key: str = "kv/k", t: float = 1000.0) -> None:
+        self.op("final", "final_read", t, t + 0.1, key=key, value=value, status=200)
+
+
+def clean() -> History:
+    h = History()
+    for i in range(5):
+        h.cycle(f"c{i % 2}", 10.0 * i, token=100 + i, value=i + 1)
+    h.final(5)
+    return h
+
+
+def test_a_clean_history_has_no_violation() -> None:
+    report = check(clean().events)
+    assert report.ok, report.violations
+    assert report.overlaps == []
+    assert report.ops["write:ok"] == 5
+
+
+def test_two_acknowledged_writes_of_one_value_are_a_lost_update() -> None:
+    h = History()
+    h.cycle("c0", 0.0, token=1, value=1)
+    h.cycle("c1", 10.0, token=2, value=1)  # read 0 as well: c0's increment is lost
+    h.final(1)
+    kinds = [(v.kind, v.detail) for v in check(h.events).violations]
+    assert ("lost_update", "2 acknowledged writes of 1") in kinds
+    assert any("final value 1 outside [2, 2]" in d for _, d in kinds), kinds
+
+
+def test_final_value_below_acknowledged_writes_is_a_lost_update() -> None:
+    h = clean()
+    h.events = [e for e in h.events if e["f"] != "final_read"]
+    h.final(4)  # 5 acknowledged increments, one vanished
+    violations = check(h.events).violations
+    assert [v.kind for v in violations] == ["lost_update"]
+    assert "final value 4 outside [5, 5]" in violations[0].detail
+
+
+def test_indeterminate_writes_widen_the_final_range() -> None:
+    h = History()
+    h.cycle("c0", 0.0, token=1, value=1)
+    h.cycle("c1", 10.0, token=2, value=2, write="info")  # timed out: applied or not
+    h.final(2)
+    assert check(h.events).ok
+    h.events = [e for e in h.events if e["f"] != "final_read"]
+    h.final(3)  # more than every write that could have been applied
+    assert [v.kind for v in check(h.events).violations] == ["lost_update"]
+
+
+def test_one_token_granted_to_two_leases_is_a_duplicate_token() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.5, token=7, lease_id="a", valid_ms=1000)
+    h.op("c1", "acquire", 0.2, 0.6, token=7, lease_id="b", valid_ms=1000)
+    violations = check(h.events).violations
+    assert [v.kind for v in violations] == ["duplicate_token"]
+    assert violations[0].detail == "token 7 granted to 2 leases"
+
+
+def test_a_grant_after_a_completed_grant_with_a_smaller_token_is_out_of_order() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.5, token=9, lease_id="a", valid_ms=100)
+    h.op("c1", "acquire", 1.0, 1.5, token=8, lease_id="b", valid_ms=100)
+    violations = check(h.events).violations
+    assert [v.kind for v in violations] == ["token_order"]
+    assert "token 8 after token 9" in violations[0].detail
+
+
+def test_a_later_grant_with_an_equal_token_is_out_of_order() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.5, token=9, lease_id="a", valid_ms=100)
+    h.op("c1", "acquire", 1.0, 1.5, token=9, lease_id="b", valid_ms=100)
+    kinds = sorted(v.kind for v in check(h.events).violations)
+    assert kinds == ["duplicate_token", "token_order"]
+
+
+def test_concurrent_grants_may_be_in_any_token_order() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 2.0, token=9, lease_id="a", valid_ms=100)
+    # invoked before c0's grant was answered
+    h.op("c1", "acquire", 1.0, 1.5, token=8, lease_id="b", valid_ms=100)
+    assert check(h.events).ok
+
+
+def test_a_write_below_an_earlier_fenced_read_is_a_stale_write() -> None:
+    h = History()
+    h.op("c0", "read", 0.0, 0.5, token=5, value=0, fenced=True, status=200)
+    h.op("c1", "write", 1.0, 1.5, token=4, value=1, status=200)  # accepted: wrong
+    violations = check(h.events).violations
+    assert [v.kind for v in violations] == ["stale_write"]
+    assert "token 4 after token 5 of an earlier read" in violations[0].detail
+
+
+def test_a_write_below_an_earlier_write_is_a_stale_write() -> None:
+    h = History()
+    h.op("c0", "write", 0.0, 0.5, token=5, value=1, status=200)
+    h.op("c1", "write", 1.0, 1.5, token=4, value=2, status=200)
+    assert [v.kind for v in check(h.events).violations] == ["stale_write"]
+
+
+def test_unfenced_reads_refused_writes_and_equal_tokens_establish_nothing_stale() -> None:
+    h = History()
+    h.op("c0", "read", 0.0, 0.5, token=9, value=0, fenced=False, status=200)
+    h.op("c0", "write", 0.6, 0.7, "fail", token=8, value=1, status=409)
+    h.op("c1", "write", 1.0, 1.5, token=4, value=1, status=200)
+    h.op("c1", "write", 2.0, 2.5, token=4, value=2, status=200)  # a holder writes again
+    assert check(h.events).ok
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_overlapping_leases_are_reported_with_the_active_faults(released: bool) -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=1, lease_id="a", valid_ms=2000)  # held 0.1 .. 2.0
+    if released:
+        h.op("c0", "release", 0.5, 0.6, lease_id="a", status=204)  # held 0.1 .. 0.5
+    h.op("c1", "acquire", 1.0, 1.1, token=2, lease_id="b", valid_ms=2000)
+    fault = FaultWindow("clock_jump_node", 0.9, 1.5)
+    found = overlaps(pair_ops(h.events), [fault])
+    if released:
+        assert found == []
+    else:
+        assert [(o.scope, round(o.seconds, 3), o.faults) for o in found] == [
+            ("kv/k", 0.9, ("clock_jump_node",))
+        ]
+    assert check(h.events, [fault]).ok  # reported, not a violation
+
+
+def test_availability_counts_operations_by_result_per_active_fault() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=1, lease_id="a", valid_ms=100)
+    h.op("c0", "acquire", 1.0, 1.1, "fail", status=409)
+    h.op("c1", "acquire", 1.2, None)  # no answer: info
+    report = check(h.events, [FaultWindow("kill_node", 0.9, 2.0)])
+    assert report.availability == {"none": {"ok": 1}, "kill_node": {"fail": 1, "info": 1}}
+
+
+def test_a_completion_without_invocation_is_refused() -> None:
+    event = {"process": "c0", "op": 1, "f": "read", "store": "kv", "key": "k",
+             "type": "ok", "mono": 1.0, "wall": 1.0}  # fmt: skip
+    with pytest.raises(ValueError, match="completion without invocation"):
+        pair_ops([event])
