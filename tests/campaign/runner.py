@@ -1,0 +1,197 @@
+"""One campaign run: cluster up, clients and nemesis, quiet period, final reads, check.
+
+``run_campaign(workdir, seed=..., seconds=...)`` is what the CI test and
+``benchmarks/campaign.py`` call. Timeline of a run of ``seconds``::
+
+    start-up | warm-up 1 s | faults (seeded schedule) | heal, quiet | clients stop | final reads
+
+Client processes run for ``seconds`` (longer if the first fault of every kind
+takes longer); the nemesis injects faults until the quiet period (the last
+``quiet`` seconds), then heals everything. After every client
+has exited, each key is read once through a gateway (plain GET) and recorded
+as a ``final_read`` in the history; the checker gets the merged history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.campaign.checker import Report, check
+from tests.campaign.client import ClientSpec, request
+from tests.campaign.cluster import ROOT, Cluster, faketime_works
+from tests.campaign.history import FaultWindow, load_events, write_jsonl
+from tests.campaign.nemesis import KINDS, Nemesis, plan
+
+__all__ = ["CampaignResult", "run_campaign"]
+
+STORES = ("kv", "files")
+KEYS = ("k0", "k1")
+
+
+@dataclass
+class CampaignResult:
+    seed: int
+    seconds: float
+    sabotage: bool
+    planned: Counter[str]
+    injected: Counter[str]
+    report: Report
+    statuses: Counter[str]
+    history: Path
+    faults: list[FaultWindow] = field(default_factory=list)
+
+    @property
+    def completed(self) -> int:
+        return sum(n for name, n in self.report.ops.items() if name.endswith(":ok"))
+
+
+def default_kinds() -> tuple[str, ...]:
+    return tuple(k for k in KINDS if k != "skew_gateway" or faketime_works())
+
+
+async def run_campaign(
+    workdir: Path,
+    *,
+    seed: int,
+    seconds: float,
+    sabotage: bool = False,
+    kinds: Sequence[str] | None = None,
+    clients: int = 6,
+    ttl_ms: int = 1500,
+    pause_share: float = 0.1,
+    quiet: float = 4.0,
+    progress: Callable[[str], None] | None = None,
+    progress_every: float = 5.0,
+) -> CampaignResult:
+    """Run the campaign and check its history; every process it started is stopped."""
+    rng = random.Random(seed)
+    kinds = default_kinds() if kinds is None else tuple(kinds)
+    history = workdir / "history"
+    history.mkdir(parents=True, exist_ok=True)
+    stores = (*STORES, "blind") if sabotage else STORES
+    targets = [[s, k] for s in stores for k in KEYS]
+    schedule = plan(rng, kinds, max(seconds - quiet - 1.0, 1.0), ttl_ms / 1000)
+    say = progress or (lambda _line: None)
+    stop = workdir / "stop-clients"
+    async with Cluster(workdir / "cluster") as cluster:
+        procs: list[subprocess.Popen[bytes]] = []
+        nemesis = Nemesis(cluster, procs, rng, log=say)
+        try:
+            for i in range(clients):
+                spec = ClientSpec(
+                    process=f"c{i}", gateways=cluster.urls, targets=targets,
+                    history=str(history / f"c{i}.jsonl"), seed=rng.randrange(1 << 30),
+                    seconds=seconds + 300, stop_file=str(stop), ttl_ms=ttl_ms, wait_ms=2000,
+                    pause_share=pause_share * (4 if sabotage else 1),
+                )  # fmt: skip
+                procs.append(_spawn(spec, workdir / f"c{i}.log"))
+            started = time.monotonic()
+            await asyncio.sleep(1.0)
+            fault_end = started + seconds - quiet
+            watch = asyncio.create_task(_watch(history, nemesis, started, say, progress_every))
+            try:
+                await nemesis.run(schedule, fault_end)
+                await asyncio.sleep(max(quiet, started + seconds - time.monotonic()))
+                stop.touch()
+                await _wait_exit(procs, time.monotonic() + 60)
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            await cluster.wait_ready(within=60.0)
+            await asyncio.to_thread(_final_reads, cluster.urls[0], targets, history)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
+    faults_path = workdir / "faults.jsonl"
+    write_jsonl(faults_path, (asdict(w) for w in nemesis.windows))
+    events = load_events(sorted(history.glob("*.jsonl")))
+    report = check(events, nemesis.windows)
+    statuses = Counter(
+        f"{e['f']} {e.get('status')} {e.get('error') or ''}".strip()
+        for e in events
+        if e["type"] != "invoke"
+    )
+    return CampaignResult(
+        seed, seconds, sabotage, Counter(p.kind for p in schedule), nemesis.injected,
+        report, statuses, history, nemesis.windows,
+    )  # fmt: skip
+
+
+def _spawn(spec: ClientSpec, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.campaign.client", json.dumps(asdict(spec))],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+async def _wait_exit(procs: list[subprocess.Popen[bytes]], deadline: float) -> None:
+    # Child processes have no event to wait on without a thread per process: poll.
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+
+
+async def _watch(
+    history: Path, nemesis: Nemesis, started: float, say: Callable[[str], None], every: float
+) -> None:
+    """A progress line every ``every`` seconds: elapsed, operations by result, faults."""
+    sizes: dict[Path, int] = {}
+    counts: Counter[str] = Counter()
+    while True:
+        await asyncio.sleep(every)
+        await asyncio.to_thread(_count_new, history, sizes, counts)
+        faults = sum(nemesis.injected.values())
+        say(
+            f"t={time.monotonic() - started:5.0f}s ok={counts['ok']} fail={counts['fail']} "
+            f"info={counts['info']} faults={faults}"
+        )
+
+
+def _count_new(history: Path, sizes: dict[Path, int], counts: Counter[str]) -> None:
+    """Count the completions appended to the history files since the last call."""
+    for path in history.glob("*.jsonl"):
+        with open(path, "rb") as lines:
+            lines.seek(sizes.get(path, 0))
+            chunk = lines.read()
+        done = chunk.rfind(b"\n") + 1
+        sizes[path] = sizes.get(path, 0) + done
+        for line in chunk[:done].splitlines():
+            kind = json.loads(line)["type"]
+            if kind != "invoke":
+                counts[kind] += 1
+
+
+def _final_reads(base: str, targets: list[list[str]], history: Path) -> None:
+    """Read every key once (retrying while the cluster recovers) into the history."""
+    events: list[dict[str, Any]] = []
+    for op, (store, key) in enumerate(targets):
+        deadline = time.monotonic() + 60
+        while True:
+            invoke = {
+                "process": "final", "op": op, "f": "final_read", "store": store, "key": key,
+                "type": "invoke", "mono": time.monotonic(), "wall": time.time(),
+            }  # fmt: skip
+            outcome = request(base, "GET", f"/v1/stores/{store}/{key}", ok=(200, 404))
+            if outcome.kind == "ok" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        done = {**invoke, "type": outcome.kind, "mono": time.monotonic(), "wall": time.time(),
+                "status": outcome.status, "error": outcome.error}  # fmt: skip
+        if outcome.kind == "ok":
+            done["value"] = 0 if outcome.status == 404 else int(outcome.body)
+        events += [invoke, done]
+    write_jsonl(history / "final.jsonl", events)

@@ -1,0 +1,58 @@
+"""Short seeded fault campaigns: the real cluster keeps every invariant; sabotage is caught.
+
+The long runs are ``python -m benchmarks.campaign``; these are the CI-sized ones
+(about a minute each with start-up on a small machine).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.campaign.runner import CampaignResult, default_kinds, run_campaign
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+
+
+def summary(result: CampaignResult) -> str:
+    r = result.report
+    lines = [
+        f"seed {result.seed}: injected {dict(result.injected)}",
+        f"ops {dict(r.ops)}",
+        f"statuses {result.statuses.most_common()}",
+        *(f"{v.kind} {v.scope}: {v.detail} {v.ops}" for v in r.violations[:10]),
+        *(f"overlap {o.scope} {o.seconds:.3f} s during {o.faults}" for o in r.overlaps[:10]),
+        f"history: {result.history}",
+    ]
+    return "\n".join(lines)
+
+
+async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path: Path) -> None:
+    kinds = default_kinds()
+    result = await run_campaign(tmp_path, seed=20261123, seconds=40, ttl_ms=1000, kinds=kinds)
+    info = summary(result)
+    print(info)
+    assert result.report.violations == [], info
+    assert set(result.injected) == set(kinds), info
+    ops = result.report.ops
+    assert ops["write:ok"] >= 30, f"too little load to mean anything:\n{info}"
+    writes = {op.split(":")[0] for op in ops}
+    assert {"acquire", "read", "write", "release"} <= writes, info
+    assert not [s for s in result.statuses if " 500" in s], info  # never an internal error
+    # Fencing did refuse late writers (the self-paused and the SIGSTOPped clients).
+    assert result.statuses["write 409 stale_token"] >= 1, info
+
+
+async def test_sabotaged_store_without_fencing_shows_lost_updates(tmp_path: Path) -> None:
+    """``blind`` has ``fencing = "none"``: pauses past the TTL lose updates there, and the
+    checker must say so, while ``kv`` and ``files`` under the same load lose nothing."""
+    result = await run_campaign(
+        tmp_path, seed=7, seconds=18, ttl_ms=600, kinds=["pause_client"], sabotage=True,
+        pause_share=0.15,
+    )  # fmt: skip
+    info = summary(result)
+    print(info)
+    lost = [v for v in result.report.violations if v.kind == "lost_update"]
+    assert lost, f"the checker missed the lost updates of the unfenced store:\n{info}"
+    assert {v.scope.split("/")[0] for v in result.report.violations} == {"blind"}, info
