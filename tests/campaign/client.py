@@ -135,7 +135,11 @@ class Client:
     def _result(f: str, outcome: Outcome) -> dict[str, Any]:
         if f == "acquire":
             grant = outcome.json()
-            return {k: grant.get(k) for k in ("token", "lease_id", "valid_ms")}
+            # valid_ms as DESIGN.md names it; this gateway answers the same remaining
+            # validity (ttl - elapsed - drift, at answer time) as ttl_ms.
+            valid = grant.get("valid_ms", grant.get("ttl_ms"))
+            return {"token": grant.get("token"), "lease_id": grant.get("lease_id"),
+                    "valid_ms": valid}  # fmt: skip
         if f == "read":
             return {"value": 0 if outcome.status == 404 else int(outcome.body)}
         return {}

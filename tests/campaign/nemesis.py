@@ -21,7 +21,12 @@ Fault kinds (``KINDS``) and what each does, with the window recorded in the hist
   key with a shorter remaining TTL expires now (Kleppmann's third scenario). Redis
   expires keys by wall clock, but redis-server links jemalloc, which libfaketime
   cannot wrap (libfaketime issue #130: the server does not start), so the jump is
-  applied by its effect, with a Lua script that expires those keys at once.
+  applied by its effect, with a Lua script that expires those keys at once;
+* ``kleppmann``: the whole timeline of that scenario on three nodes: one gateway
+  is cut off from node C (so its grants hold A and B), and node B's clock jumps
+  forward again and again: the other gateway can then grant the same name on B
+  and C while the first lease is still valid. Mutual exclusion is gone by design
+  of the fault; fencing must still refuse every stale write.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ __all__ = ["KINDS", "Nemesis", "Planned", "plan"]
 KINDS: Final = (
     "pause_client", "pause_node", "kill_node", "rollback_node", "partition", "delay", "cut",
     "drop_replies", "drop_commands", "kill_gateway", "pause_gateway", "restart_pg",
-    "skew_gateway", "clock_jump_node",
+    "skew_gateway", "clock_jump_node", "kleppmann",
 )  # fmt: skip
 JUMP_MS: Final = 10_000
 EXPIRE_SOON = """
@@ -120,7 +125,7 @@ class Nemesis:
             "drop_replies": self.drop_replies, "drop_commands": self.drop_commands,
             "kill_gateway": self.kill_gateway, "pause_gateway": self.pause_gateway,
             "restart_pg": self.restart_pg, "skew_gateway": self.skew_gateway,
-            "clock_jump_node": self.clock_jump_node,
+            "clock_jump_node": self.clock_jump_node, "kleppmann": self.kleppmann,
         }  # fmt: skip
         return await faults[item.kind](item.seconds)
 
@@ -268,3 +273,21 @@ class Nemesis:
         reply = await asyncio.to_thread(node.command, "EVAL", EXPIRE_SOON, "0", str(JUMP_MS))
         await asyncio.sleep(seconds)
         return f"node {i} +{JUMP_MS} ms: {reply.strip().decode(errors='replace')} keys expired"
+
+    async def kleppmann(self, seconds: float) -> str:
+        g = self._gateway()
+        c, b = self.rng.sample(range(len(self.cluster.nodes)), 2)
+        proxy = self.cluster.proxies[g][c]
+        node = self.cluster.nodes[b]
+        proxy.set("blackhole")
+        jumps = 0
+        try:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + seconds
+            while loop.time() < end:
+                await asyncio.sleep(self.rng.uniform(0.1, 0.4))
+                await asyncio.to_thread(node.command, "EVAL", EXPIRE_SOON, "0", str(JUMP_MS))
+                jumps += 1
+        finally:
+            proxy.heal()
+        return f"gateway {g} cut from node {c}; node {b} jumped {jumps} times"

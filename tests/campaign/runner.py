@@ -30,7 +30,7 @@ from typing import Any
 from tests.campaign.checker import Report, check
 from tests.campaign.client import ClientSpec, request
 from tests.campaign.cluster import ROOT, Cluster, faketime_works
-from tests.campaign.history import FaultWindow, load_events, write_jsonl
+from tests.campaign.history import FaultWindow, Op, load_events, pair_ops, write_jsonl
 from tests.campaign.nemesis import KINDS, Nemesis, plan
 
 __all__ = ["CampaignResult", "run_campaign"]
@@ -51,9 +51,9 @@ class CampaignResult:
     history: Path
     faults: list[FaultWindow] = field(default_factory=list)
 
-    @property
-    def completed(self) -> int:
-        return sum(n for name, n in self.report.ops.items() if name.endswith(":ok"))
+    def ops(self) -> list[Op]:
+        """The paired operations of the history (read again from its files)."""
+        return pair_ops(load_events(sorted(self.history.glob("*.jsonl"))))
 
 
 def default_kinds() -> tuple[str, ...]:

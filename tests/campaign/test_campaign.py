@@ -42,6 +42,10 @@ async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path
     assert not [s for s in result.statuses if " 500" in s], info  # never an internal error
     # Fencing did refuse late writers (the self-paused and the SIGSTOPped clients).
     assert result.statuses["write 409 stale_token"] >= 1, info
+    # Every grant has its validity recorded, or no overlap could ever be seen.
+    grants = [op for op in result.ops() if op.f == "acquire" and op.result == "ok"]
+    assert grants, info
+    assert all(op.valid_ms is not None and op.valid_ms > 0 for op in grants), info
 
 
 async def test_sabotaged_store_without_fencing_shows_lost_updates(tmp_path: Path) -> None:
