@@ -1,0 +1,176 @@
+"""The long fault campaign: fencegate as a black box over HTTP, under a seeded nemesis.
+
+Three redis-server nodes, two gateway processes (each behind a fault proxy per
+Redis link), a private PostgreSQL and a shared files folder, all on loopback and
+all of the run's own; client processes do fenced read-modify-write increments
+(lock, fenced GET, PUT value + 1, release; some pause past their TTL) while the
+nemesis pauses, kills, rolls back, partitions, delays and skews (see
+``tests/campaign/nemesis.py``). At the end every key is read once and the
+checker (``tests/campaign/checker.py``) looks at the merged history.
+
+    .venv/bin/python -m benchmarks.campaign --seconds 600 --seed 1
+    .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --sabotage
+
+A progress line every few seconds; the result is a row of the table in
+``benchmarks/results/campaign.md`` (built from ``campaign.json``; a rerun of a
+seed with the same length and mode replaces its row). On a violation the
+history is kept: its folder is printed and the first violations are written
+into the report. The exit status is 1 when a violation was found (except with
+``--sabotage``, which must find one: there it is 1 when none was found).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from tests.campaign.checker import Report
+from tests.campaign.runner import CampaignResult, run_campaign
+
+RESULTS: Final = Path(__file__).resolve().parent / "results"
+KEPT: Final = 5  # violations written into the report per run
+
+
+def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
+    r: Report = result.report
+    ops: dict[str, dict[str, int]] = {}
+    for name, count in r.ops.items():
+        f, kind = name.split(":")
+        ops.setdefault(f, {})[kind] = count
+    return {
+        "seed": result.seed,
+        "seconds": result.seconds,
+        "sabotage": result.sabotage,
+        "wall_seconds": round(wall, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "faults": dict(sorted(result.injected.items())),
+        "ops": ops,
+        "violations": dict(r.by_kind()),
+        "violation_excerpt": [
+            {"kind": v.kind, "scope": v.scope, "detail": v.detail, "ops": [_op(op) for op in v.ops]}
+            for v in r.violations[:KEPT]
+        ],
+        "overlaps": [
+            {"scope": o.scope, "seconds": round(o.seconds, 3), "faults": list(o.faults)}
+            for o in r.overlaps
+        ],
+        "availability": {k: dict(v) for k, v in sorted(r.availability.items())},
+        "history": str(result.history) if r.violations else None,
+        "workdir": str(workdir),
+    }
+
+
+def _op(op: Any) -> dict[str, Any]:
+    fields = ("process", "op", "f", "result", "start", "end", "token", "lease_id", "value",
+              "gateway", "status", "error")  # fmt: skip
+    return {k: getattr(op, k) for k in fields}
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "# Fault campaign",
+        "",
+        "`python -m benchmarks.campaign --seconds N --seed S [--sabotage]`: three Redis nodes,",
+        "two gateway processes behind a fault proxy per Redis link, a private PostgreSQL, a",
+        "shared files folder; six client processes doing fenced read-modify-write increments on",
+        "two keys of the `kv` (postgres) and `files` stores (`--sabotage` adds `blind`, a files",
+        'store with `fencing = "none"`, and pauses four times as often); a seeded nemesis',
+        "(tests/campaign/nemesis.py); the checker (tests/campaign/checker.py) over the merged",
+        "history. Ops: ok / fail / info (info: no answer or 5xx, the outcome is unknown).",
+        "",
+        "| seed | mode | length s (wall) | faults injected | acquire | read | write | release |"
+        " violations | lease overlaps |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        faults = ", ".join(f"{k} {v}" for k, v in r["faults"].items()) or "-"
+        cells = [
+            "/".join(str(r["ops"].get(f, {}).get(k, 0)) for k in ("ok", "fail", "info"))
+            for f in ("acquire", "read", "write", "release")
+        ]
+        violations = ", ".join(f"{k} {v}" for k, v in sorted(r["violations"].items())) or "none"
+        mode = "sabotage" if r["sabotage"] else "normal"
+        lines.append(
+            f"| {r['seed']} | {mode} | {r['seconds']:g} ({r['wall_seconds']:g}) | {faults} | "
+            + " | ".join(cells)
+            + f" | {violations} | {len(r['overlaps'])} |"
+        )
+    lines += ["", "## Availability per fault kind (ops ok / fail / info while it was active)", ""]
+    for r in rows:
+        mode = "sabotage" if r["sabotage"] else "normal"
+        parts = [
+            f"{k} {v.get('ok', 0)}/{v.get('fail', 0)}/{v.get('info', 0)}"
+            for k, v in r["availability"].items()
+        ]
+        lines.append(f"- seed {r['seed']} ({mode}, {r['seconds']:g} s): " + "; ".join(parts))
+    found = [r for r in rows if r["violation_excerpt"] and not r["sabotage"]]
+    if found:
+        lines += ["", "## Violations found", ""]
+        for r in found:
+            lines.append(f"Seed {r['seed']}, {r['seconds']:g} s, history kept in `{r['history']}`:")
+            for v in r["violation_excerpt"]:
+                lines.append(f"- {v['kind']} on `{v['scope']}`: {v['detail']}")
+                lines += [f"  - `{json.dumps(op)}`" for op in v["ops"]]
+    return "\n".join(lines) + "\n"
+
+
+def save(entry: dict[str, Any]) -> None:
+    store = RESULTS / "campaign.json"
+    rows: list[dict[str, Any]] = json.loads(store.read_text()) if store.exists() else []
+    same = (entry["seed"], entry["seconds"], entry["sabotage"])
+    rows = [r for r in rows if (r["seed"], r["seconds"], r["sabotage"]) != same] + [entry]
+    rows.sort(key=lambda r: (r["sabotage"], r["seconds"], r["seed"]))
+    store.write_text(json.dumps(rows, indent=1) + "\n")
+    (RESULTS / "campaign.md").write_text(render(rows))
+
+
+async def main(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix=f"fg-campaign-{args.seed}-"))
+    print(f"campaign seed {args.seed}, {args.seconds} s, in {workdir} on {platform.node()}")
+    started = time.monotonic()
+    result = await run_campaign(
+        workdir, seed=args.seed, seconds=args.seconds, sabotage=args.sabotage,
+        clients=args.clients, progress=lambda line: print(line, flush=True),
+    )  # fmt: skip
+    wall = time.monotonic() - started
+    entry = row(result, wall, workdir)
+    save(entry)
+    report = result.report
+    print(f"faults: {dict(result.injected)}")
+    print(f"ops: {dict(report.ops)}")
+    print(f"violations: {dict(report.by_kind()) or 'none'}; lease overlaps: {len(report.overlaps)}")
+    for v in report.violations[:KEPT]:
+        print(f"  {v.kind} {v.scope}: {v.detail}")
+    if report.violations:
+        print(f"history kept in {result.history}")
+    elif not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    found = bool(report.violations)
+    return int(found != args.sabotage)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=600.0, help="length of the run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sabotage", action="store_true", help="add the unfenced store")
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--keep", action="store_true", help="keep the run's folder")
+    args = parser.parse_args(argv)
+    if not 10 <= args.seconds <= 3600:
+        parser.error("--seconds must be between 10 and 3600")
+    if not 1 <= args.clients <= 32:
+        parser.error("--clients must be between 1 and 32")
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse(sys.argv[1:]))))
