@@ -12,11 +12,15 @@ Violations (a correct fencegate never shows one):
   acknowledged write or fenced read of the same scope had established before the
   write was invoked (the store had already seen it, so it had to refuse this one).
 
-Reported only: ``overlaps`` of two leases of one name that both surely believed
-they held it (from the grant's answer to the earlier of ``invoke + valid_ms`` and
-the invocation of their release; the gateway's deadline lies after that), with the
-faults active then; ``availability``: operations by result while each fault kind
-was active (``none``: while no fault was).
+``overlaps`` of two leases of one name that both surely held it (from the grant's
+answer to the earlier of ``invoke + valid_ms`` and the invocation of their release;
+the gateway's deadline lies after that; every process reads the same monotonic
+clock) are reported with the faults active then. An overlap is also a
+``mutual_exclusion`` violation unless a fault that breaks Redlock's timing
+assumption was active (``CLOCK_FAULTS``: a Redis node's clock jumping forward
+expires a lease early on that node, Kleppmann's third scenario; there only the
+fencing checks above must hold). ``availability``: operations by result while
+each fault kind was active (``none``: while no fault was).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from tests.campaign.history import Event, FaultWindow, Op, pair_ops
 
 __all__ = [
+    "CLOCK_FAULTS",
     "Overlap",
     "Report",
     "Violation",
@@ -41,6 +46,7 @@ __all__ = [
     "token_order",
 ]
 
+CLOCK_FAULTS = frozenset({"clock_jump_node", "kleppmann"})
 ESTABLISHING_READS = (200, 404)  # a fenced read that answered raised the mark to its token
 
 
@@ -260,6 +266,17 @@ def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report
         *stale_writes(ops),
     ]
     report.overlaps = overlaps(ops, faults)
+    report.violations += [
+        Violation(
+            "mutual_exclusion",
+            o.scope,
+            f"two leases held it for {o.seconds:.3f} s (tokens {o.first.token} and "
+            f"{o.second.token}) with no clock fault active (active: {list(o.faults)})",
+            (o.first, o.second),
+        )
+        for o in report.overlaps
+        if not CLOCK_FAULTS & set(o.faults)
+    ]
     report.availability = availability(ops, faults)
     report.ops = Counter(f"{op.f}:{op.result}" for op in ops if op.f != "final_read")
     return report

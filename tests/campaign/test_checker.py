@@ -96,7 +96,7 @@ def test_one_token_granted_to_two_leases_is_a_duplicate_token() -> None:
     h.op("c0", "acquire", 0.0, 0.5, token=7, lease_id="a", valid_ms=1000)
     h.op("c1", "acquire", 0.2, 0.6, token=7, lease_id="b", valid_ms=1000)
     violations = check(h.events).violations
-    assert [v.kind for v in violations] == ["duplicate_token"]
+    assert [v.kind for v in violations] == ["duplicate_token", "mutual_exclusion"]
     assert violations[0].detail == "token 7 granted to 2 leases"
 
 
@@ -165,7 +165,9 @@ def test_overlapping_leases_are_reported_with_the_active_faults(released: bool) 
         assert [(o.scope, round(o.seconds, 3), o.faults) for o in found] == [
             ("kv/k", 0.9, ("clock_jump_node",))
         ]
-    assert check(h.events, [fault]).ok  # reported, not a violation
+    assert check(h.events, [fault]).ok  # a clock fault was active: reported only
+    report = check(h.events, [FaultWindow("kill_node", 0.9, 1.5)])
+    assert [v.kind for v in report.violations] == ([] if released else ["mutual_exclusion"])
 
 
 def test_availability_counts_operations_by_result_per_active_fault() -> None:
