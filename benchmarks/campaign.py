@@ -26,6 +26,7 @@ import asyncio
 import json
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -136,10 +137,21 @@ async def main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix=f"fg-campaign-{args.seed}-"))
     print(f"campaign seed {args.seed}, {args.seconds} s, in {workdir} on {platform.node()}")
     started = time.monotonic()
-    result = await run_campaign(
-        workdir, seed=args.seed, seconds=args.seconds, sabotage=args.sabotage,
-        clients=args.clients, progress=lambda line: print(line, flush=True),
-    )  # fmt: skip
+    # SIGINT or SIGTERM (SIGINT is ignored in a background job): cancel the run, which
+    # stops every process it started on the way out.
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        result = await run_campaign(
+            workdir, seed=args.seed, seconds=args.seconds, sabotage=args.sabotage,
+            clients=args.clients, progress=lambda line: print(line, flush=True),
+        )  # fmt: skip
+    except asyncio.CancelledError:
+        print(f"interrupted: every process of the run was stopped; nothing recorded ({workdir})")
+        return 130
     wall = time.monotonic() - started
     entry = row(result, wall, workdir)
     save(entry)

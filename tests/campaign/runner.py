@@ -15,7 +15,6 @@ as a ``final_read`` in the history; the checker gets the merged history.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import subprocess
@@ -103,12 +102,11 @@ async def run_campaign(
             try:
                 await nemesis.run(schedule, fault_end)
                 await asyncio.sleep(max(quiet, started + seconds - time.monotonic()))
-                stop.touch()
-                await _wait_exit(procs, time.monotonic() + 60)
             finally:
+                stop.touch()
                 watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
+                await asyncio.gather(watch, return_exceptions=True)  # never eats our cancel
+            await _wait_exit(procs, time.monotonic() + 60)
             await cluster.wait_ready(within=60.0)
             await asyncio.to_thread(_final_reads, cluster.urls[0], targets, history)
         finally:
