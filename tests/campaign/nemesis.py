@@ -11,8 +11,9 @@ Fault kinds (``KINDS``) and what each does, with the window recorded in the hist
   from two nodes (it loses its quorum), or each gateway from a different node;
 * ``delay``: delay every chunk on the links of one gateway or of one node;
 * ``cut``: close the connections of one node's links and refuse new ones;
-* ``drop_replies`` / ``drop_commands``: one direction of one link is discarded
-  (the node runs commands whose replies are lost / never sees the commands);
+* ``drop_replies`` / ``drop_commands``: one direction of one link loses its data and
+  its connections end (the node runs commands whose replies are lost / never sees
+  the commands);
 * ``kill_gateway``: kill -9 a gateway process, start it again on the same port;
 * ``pause_gateway``: SIGSTOP a gateway process past the TTL, then SIGCONT;
 * ``restart_pg``: crash-stop PostgreSQL (``pg_ctl -m immediate``), start it again;

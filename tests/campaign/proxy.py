@@ -9,8 +9,12 @@ nemesis can change what the link does at any time:
   that TCP does not notice); new connections are accepted and left hanging;
 * ``cut``: every open connection is closed now (RST-like: the peer sees EOF) and
   new connections are closed at once until healed;
-* ``drop_up`` / ``drop_down``: bytes from the gateway to the node (commands) or from
-  the node to the gateway (replies) are discarded, the other direction flows.
+* ``drop_up`` / ``drop_down``: the first bytes from the gateway to the node
+  (commands) or from the node to the gateway (replies) are discarded and the
+  connection is closed, as TCP ends a connection whose segments stay lost: a
+  command that ran but whose reply never came back, or one that never arrived.
+  A byte stream is never left with a hole in it (TCP cannot do that: a client
+  would match later replies to the wrong commands).
 
 Only loopback addresses are ever used.
 """
@@ -119,7 +123,7 @@ class FaultProxy:
                 if self.mode == "cut":
                     return
                 if self.mode == f"drop_{direction}":
-                    continue
+                    return  # the chunk is lost; the caller closes both sides
                 if self.mode == "delay" and self.delay > 0:
                     await asyncio.sleep(self.delay)
                 writer.write(data)
