@@ -170,6 +170,20 @@ def test_overlapping_leases_are_reported_with_the_active_faults(released: bool) 
     assert [v.kind for v in report.violations] == ([] if released else ["mutual_exclusion"])
 
 
+def test_an_overlap_after_a_clock_jump_window_closed_is_still_the_jump() -> None:
+    """Kleppmann's timeline: the jump expires lease a on one node during the fault;
+    lease b is granted just after the fault's window closed, while a is still valid."""
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=1, lease_id="a", valid_ms=2000)  # held 0.1 .. 2.0
+    h.op("c1", "acquire", 0.8, 1.1, token=2, lease_id="b", valid_ms=2000)
+    report = check(h.events, [FaultWindow("kleppmann", 0.5, 1.0)])
+    assert [o.faults for o in report.overlaps] == [()]  # nothing active during the overlap
+    assert report.ok, report.violations
+    # A clock fault that was over before either lease was asked for excuses nothing.
+    report = check(h.events, [FaultWindow("clock_jump_node", -5.0, -1.0)])
+    assert [v.kind for v in report.violations] == ["mutual_exclusion"]
+
+
 def test_availability_counts_operations_by_result_per_active_fault() -> None:
     h = History()
     h.op("c0", "acquire", 0.0, 0.1, token=1, lease_id="a", valid_ms=100)
