@@ -104,7 +104,16 @@ def render(rows: list[dict[str, Any]]) -> str:
             + " | ".join(cells)
             + f" | {violations} | {len(r['overlaps'])} |"
         )
-    lines += ["", "## Availability per fault kind (ops ok / fail / info while it was active)", ""]
+    lines += [
+        "",
+        "Lease overlaps: pairs of leases of one name that both surely held it at once (from",
+        "the grant's answer to its invocation + remaining validity, or its release). One",
+        "without a Redis clock fault (`clock_jump_node`, `kleppmann`) in the two leases'",
+        "lifetime is also counted as a `mutual_exclusion` violation.",
+        "",
+        "## Availability per fault kind (ops ok / fail / info while it was active)",
+        "",
+    ]
     for r in rows:
         mode = "sabotage" if r["sabotage"] else "normal"
         parts = [
