@@ -101,7 +101,6 @@ class Nemesis:
     rng: random.Random
     windows: list[FaultWindow] = field(default_factory=list)
     injected: Counter[str] = field(default_factory=Counter)
-    log: Callable[[str], None] = print
 
     async def run(self, schedule: Sequence[Planned], deadline: float) -> None:
         """Inject the planned faults in order, each healed before the next, until ``deadline``

@@ -85,7 +85,7 @@ async def run_campaign(
     stop = workdir / "stop-clients"
     async with Cluster(workdir / "cluster") as cluster:
         procs: list[subprocess.Popen[bytes]] = []
-        nemesis = Nemesis(cluster, procs, rng, log=say)
+        nemesis = Nemesis(cluster, procs, rng)
         try:
             for i in range(clients):
                 spec = ClientSpec(
