@@ -60,7 +60,13 @@ def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
             for v in r.violations[:KEPT]
         ],
         "overlaps": [
-            {"scope": o.scope, "seconds": round(o.seconds, 3), "faults": list(o.faults)}
+            {
+                "scope": o.scope,
+                "seconds": round(o.seconds, 3),
+                "tokens": [o.first.token, o.second.token],
+                "faults": list(o.faults),
+                "lifetime_faults": list(o.lifetime_faults),
+            }
             for o in r.overlaps
         ],
         "availability": {k: dict(v) for k, v in sorted(r.availability.items())},
