@@ -27,6 +27,7 @@ import json
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +53,7 @@ def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
         "sabotage": result.sabotage,
         "wall_seconds": round(wall, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _commit(),
         "faults": dict(sorted(result.injected.items())),
         "ops": ops,
         "violations": dict(r.by_kind()),
@@ -75,6 +77,18 @@ def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
     }
 
 
+def _commit() -> str:
+    """The checked-out commit (the code under test), or "?" outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent.parent,
+            capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return out.stdout.strip() or "?"
+
+
 def _op(op: Any) -> dict[str, Any]:
     fields = ("process", "op", "f", "result", "start", "end", "token", "lease_id", "value",
               "gateway", "status", "error")  # fmt: skip
@@ -93,9 +107,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         "(tests/campaign/nemesis.py); the checker (tests/campaign/checker.py) over the merged",
         "history. Ops: ok / fail / info (info: no answer or 5xx, the outcome is unknown).",
         "",
-        "| seed | mode | length s (wall) | faults injected | acquire | read | write | release |"
-        " violations | lease overlaps |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| seed | mode | commit | length s (wall) | faults injected | acquire | read | write |"
+        " release | violations | lease overlaps |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         faults = ", ".join(f"{k} {v}" for k, v in r["faults"].items()) or "-"
@@ -106,7 +120,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         violations = ", ".join(f"{k} {v}" for k, v in sorted(r["violations"].items())) or "none"
         mode = "sabotage" if r["sabotage"] else "normal"
         lines.append(
-            f"| {r['seed']} | {mode} | {r['seconds']:g} ({r['wall_seconds']:g}) | {faults} | "
+            f"| {r['seed']} | {mode} | {r.get('commit', '?')} | {r['seconds']:g} "
+            f"({r['wall_seconds']:g}) | {faults} | "
             + " | ".join(cells)
             + f" | {violations} | {len(r['overlaps'])} |"
         )
@@ -143,7 +158,7 @@ def save(entry: dict[str, Any]) -> None:
     rows: list[dict[str, Any]] = json.loads(store.read_text()) if store.exists() else []
     same = (entry["seed"], entry["seconds"], entry["sabotage"])
     rows = [r for r in rows if (r["seed"], r["seconds"], r["sabotage"]) != same] + [entry]
-    rows.sort(key=lambda r: (r["sabotage"], r["seconds"], r["seed"]))
+    rows.sort(key=lambda r: (r["sabotage"], r["date"], r["seed"]))
     store.write_text(json.dumps(rows, indent=1) + "\n")
     (RESULTS / "campaign.md").write_text(render(rows))
 
