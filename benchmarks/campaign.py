@@ -78,15 +78,19 @@ def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
 
 
 def _commit() -> str:
-    """The checked-out commit (the code under test), or "?" outside a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent.parent,
-            capture_output=True, text=True, timeout=10, check=True,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-    return out.stdout.strip() or "?"
+    """The code under test: ``main@<commit>`` this checkout is based on, else HEAD's commit
+    (a branch's own commit names change when it is rebased; main's do not)."""
+    for args, label in ((["merge-base", "HEAD", "main"], "main@"), (["rev-parse", "HEAD"], "")):
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=RESULTS.parent.parent,
+                capture_output=True, text=True, timeout=10, check=True,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.stdout.strip():
+            return label + out.stdout.strip()[:7]
+    return "?"
 
 
 def _op(op: Any) -> dict[str, Any]:
