@@ -135,8 +135,8 @@ class Client:
     def _result(f: str, outcome: Outcome) -> dict[str, Any]:
         if f == "acquire":
             grant = outcome.json()
-            # valid_ms as DESIGN.md names it; this gateway answers the same remaining
-            # validity (ttl - elapsed - drift, at answer time) as ttl_ms.
+            # valid_ms (DESIGN.md): ttl - elapsed - drift at answer time. Gateways
+            # before it was added answered that remaining validity as ttl_ms.
             valid = grant.get("valid_ms", grant.get("ttl_ms"))
             return {"token": grant.get("token"), "lease_id": grant.get("lease_id"),
                     "valid_ms": valid}  # fmt: skip
