@@ -41,7 +41,7 @@ RESULTS: Final = Path(__file__).resolve().parent / "results"
 KEPT: Final = 5  # violations written into the report per run
 
 
-def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
+def row(result: CampaignResult, wall: float) -> dict[str, Any]:
     r: Report = result.report
     ops: dict[str, dict[str, int]] = {}
     for name, count in r.ops.items():
@@ -72,8 +72,6 @@ def row(result: CampaignResult, wall: float, workdir: Path) -> dict[str, Any]:
             for o in r.overlaps
         ],
         "availability": {k: dict(v) for k, v in sorted(r.availability.items())},
-        "history": str(result.history) if r.violations else None,
-        "workdir": str(workdir),
     }
 
 
@@ -150,7 +148,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     if found:
         lines += ["", "## Violations found", ""]
         for r in found:
-            lines.append(f"Seed {r['seed']}, {r['seconds']:g} s, history kept in `{r['history']}`:")
+            lines.append(f"Seed {r['seed']}, {r['seconds']:g} s ({r.get('commit', '?')}):")
             for v in r["violation_excerpt"]:
                 lines.append(f"- {v['kind']} on `{v['scope']}`: {v['detail']}")
                 lines += [f"  - `{json.dumps(op)}`" for op in v["ops"]]
@@ -187,7 +185,7 @@ async def main(args: argparse.Namespace) -> int:
         print(f"interrupted: every process of the run was stopped; nothing recorded ({workdir})")
         return 130
     wall = time.monotonic() - started
-    entry = row(result, wall, workdir)
+    entry = row(result, wall)
     save(entry)
     report = result.report
     print(f"faults: {dict(result.injected)}")
