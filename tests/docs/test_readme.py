@@ -48,6 +48,8 @@ NOT_RUN = {
         "README.md",
         "from storage_adapters.pg_fencing import fenced_transaction, fenced_transaction_sync",
     ),
+    ("deploy/README.md", "docker build -f deploy/Dockerfile -t fencegate:0.1.0 ."),
+    ("deploy/README.md", "kubectl apply -k deploy/kubernetes"),  # no cluster here
 }
 # What a block leaves behind, checked after it ran: (store, key, body) by its first line.
 EFFECTS = {
