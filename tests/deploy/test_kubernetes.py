@@ -224,3 +224,14 @@ def test_redis_memory_limit_leaves_room_above_maxmemory() -> None:
     limit = container["resources"]["limits"]["memory"]
     mi = int(re.fullmatch(r"(\d+)Mi", limit).group(1))  # type: ignore[union-attr]
     assert mi * 1024 * 1024 >= 1.25 * mb * 1024 * 1024, "room for an AOF rewrite's fork"
+
+
+def test_scrape_job_is_the_one_the_alert_rules_and_dashboard_expect() -> None:
+    """The Prometheus Operator names the job of a ServiceMonitor's targets after the
+    Service (no jobLabel), so the Service must be named like the job of
+    grafana/prometheus/prometheus.yml, which rules such as ``up{job="fencegate"}`` use."""
+    scrape = yaml.safe_load((ROOT / "grafana" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in scrape["scrape_configs"]}
+    monitor = one(listed(), "ServiceMonitor", "fencegate")
+    assert "jobLabel" not in monitor["spec"]
+    assert one(listed(), "Service", "fencegate")["metadata"]["name"] in jobs
