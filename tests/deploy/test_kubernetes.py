@@ -95,6 +95,7 @@ def test_config_names_each_redis_statefulset_by_its_stable_dns_name() -> None:
 
 def test_listen_port_is_the_container_port_the_service_and_probes_use() -> None:
     config = load_config(CONFIG, env={})
+    assert config.metrics_listen is None, "/metrics must stay on the port the monitor scrapes"
     container = gateway_container()
     (port,) = container["ports"]
     assert (port["name"], port["containerPort"]) == ("http", config.listen.port)
