@@ -7,6 +7,8 @@ package kubernetes-validate, which ships 1.25 to 1.37) every manifest is checked
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,6 +30,22 @@ NO_KUBECTL: Final = (
 Manifest = dict[str, Any]
 
 
+def kubectl_minor() -> int | None:
+    """The minor version of the installed kubectl (1.20 -> 20), None without one."""
+    if KUBECTL is None:
+        return None
+    out = subprocess.run(
+        [KUBECTL, "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    minor = re.match(r"\d+", json.loads(out.stdout)["clientVersion"]["minor"])
+    assert minor is not None, out.stdout
+    return int(minor.group())
+
+
 def kustomization() -> Manifest:
     data: Manifest = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     return data
@@ -42,11 +60,15 @@ def listed() -> list[Manifest]:
     return [doc for name in kustomization()["resources"] for doc in documents(BASE / name)]
 
 
-def render() -> list[Manifest]:
-    """``kubectl kustomize deploy/kubernetes``: what ``kubectl apply -k`` would send."""
+def render(kustomization_dir: Path = BASE) -> list[Manifest]:
+    """``kubectl kustomize DIR`` (default: this base): what ``kubectl apply -k`` would send."""
     assert KUBECTL is not None, NO_KUBECTL
     out = subprocess.run(
-        [KUBECTL, "kustomize", str(BASE)], capture_output=True, text=True, timeout=60, check=True
+        [KUBECTL, "kustomize", str(kustomization_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
