@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from gateway.config import load_config
-from tests.deploy._manifests import BASE, KUBECTL, NO_KUBECTL, kubectl_minor, one, render
+from tests.deploy._manifests import (
+    BASE,
+    KUBECTL,
+    NO_KUBECTL,
+    Manifest,
+    kubectl_minor,
+    one,
+    render,
+)
 from tests.deploy.test_schemas import errors
 from tests.docs._blocks import blocks
 
@@ -74,11 +82,10 @@ def test_readme_overlay_renders_valid_with_its_image_namespace_and_config(
     assert volume["configMap"]["name"] == generated["metadata"]["name"]
 
     # everything else of the base is still there
-    def others(manifests: list[dict[str, object]]) -> set[tuple[object, object]]:
-        return {
-            (d["kind"], name)
-            for d in manifests
-            if not (name := d["metadata"]["name"]).startswith("fencegate-config-")  # type: ignore[index]
-        }
-
     assert others(docs) == others(render())
+
+
+def others(manifests: list[Manifest]) -> set[tuple[str, str]]:
+    """Kind and name of each manifest but the generated gateway config."""
+    names = [(d["kind"], d["metadata"]["name"]) for d in manifests]
+    return {(kind, name) for kind, name in names if not name.startswith("fencegate-config-")}
