@@ -236,3 +236,18 @@ def test_scrape_job_is_the_one_the_alert_rules_and_dashboard_expect() -> None:
     monitor = one(listed(), "ServiceMonitor", "fencegate")
     assert "jobLabel" not in monitor["spec"]
     assert one(listed(), "Service", "fencegate")["metadata"]["name"] in jobs
+
+
+def test_only_gateway_pods_may_reach_the_redis_nodes() -> None:
+    docs = listed()
+    policy = one(docs, "NetworkPolicy", "redis-lock-nodes")
+    selected = policy["spec"]["podSelector"]["matchLabels"].items()
+    for sts in (d for d in docs if d["kind"] == "StatefulSet"):
+        assert selected <= sts["spec"]["template"]["metadata"]["labels"].items()
+    gateway_labels = one(docs, "Deployment", "fencegate")["spec"]["template"]["metadata"]
+    assert not selected <= gateway_labels["labels"].items(), "it must not select the gateways"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= gateway_labels["labels"].items()
+    assert rule["ports"] == [{"port": "redis", "protocol": "TCP"}]

@@ -32,6 +32,7 @@ CRD_MODELS: dict[str, type[BaseModel]] = {
 EXPECTED_KINDS = {
     "Deployment": 1, "Service": 4, "PodDisruptionBudget": 1, "HorizontalPodAutoscaler": 1,
     "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 1, "StatefulSet": 3,
+    "NetworkPolicy": 1,
 }  # fmt: skip
 
 
