@@ -124,3 +124,13 @@ async def kv(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
 async def files(tmp_path: Path) -> AsyncIterator[FileStore]:
     async with FileStore("files", tmp_path / "root") as opened:
         yield opened
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the test database, for setup and inspection."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -23,15 +23,6 @@ from tests.storage_adapters.conftest import create_accounts, pg_settings
 
 
 @pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
 async def accounts(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresLegacyStore]:
     """The proxy's store over ``accounts``; its start creates ``fencegate_fence``."""
     await create_accounts(pg_dsn, pg_schema)

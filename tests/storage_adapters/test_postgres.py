@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -16,15 +15,6 @@ from storage_adapters import (
     StorageUnavailable,
 )
 from tests.storage_adapters.conftest import create_accounts, pg_settings
-
-
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def wait_until_waiting_on_a_lock(admin: asyncpg.Connection, app_name: str) -> None:

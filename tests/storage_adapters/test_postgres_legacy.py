@@ -19,15 +19,6 @@ from storage_adapters import (
 from tests.storage_adapters.conftest import create_accounts, pg_settings
 
 
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
 def legacy(
     pg_dsn: str,
     schema: str,
