@@ -54,6 +54,7 @@ LOCKS_KEYS: Final = {
 STORE_KEYS: Final = {
     "type", "dsn", "schema", "table", "key_column", "columns", "root", "fencing",
     "pool_min", "pool_max", "command_timeout_ms", "acquire_timeout_ms",
+    "endpoint", "bucket", "region", "prefix", "access_key_id", "secret_access_key",
 }  # fmt: skip
 AUTH_KEY_KEYS: Final = {"name", "sha256", "locks", "stores", "verbs"}
 
@@ -176,7 +177,9 @@ class Reader:
 
 
 def show(path: str, value: object) -> str:
-    """``value`` for an error message, with URL passwords redacted."""
+    """``value`` for an error message, with URL passwords redacted and secrets hidden."""
+    if path.endswith("secret_access_key"):
+        return "<hidden>"
     if isinstance(value, str):
         return repr(redact(value))
     if path.endswith("dsn"):

@@ -35,6 +35,7 @@ from storage_adapters import (
     FileStore,
     PostgresLegacyStore,
     PostgresStore,
+    S3Store,
     StorageError,
     StorageUnavailable,
     StoreHooks,
@@ -137,6 +138,19 @@ def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
     if config.type == "files":
         assert config.root is not None  # checked by config
         return FileStore(config.name, config.root, hooks=hooks)
+    if config.type == "s3":
+        assert config.bucket is not None  # checked by config
+        return S3Store(
+            config.name,
+            bucket=config.bucket,
+            endpoint=config.endpoint,
+            region=config.region,
+            prefix=config.prefix,
+            access_key_id=config.access_key_id,
+            secret_access_key=config.secret_access_key,
+            timeout=config.command_timeout,
+            hooks=hooks,
+        )
     assert config.dsn is not None  # checked by config
     if config.table is not None:
         assert config.key_column is not None

@@ -10,11 +10,14 @@ Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
     [locks]  redis = [urls]  node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
              max_wait_ms = 30000  default_ttl_ms = 10000  default_wait_ms = 0
              issued_cache_size = 100000
-    [stores.<name>]  type = "postgres" | "files"   fencing = "token" | "lease" | "none"
+    [stores.<name>]  type = "postgres" | "files" | "s3"   fencing = "token" | "lease" | "none"
              postgres: dsn, schema = "public", pool_min = 1, pool_max = 10,
                        command_timeout_ms = 10000, acquire_timeout_ms = 5000,
                        table, key_column, columns (a legacy table; all three or none)
              files:    root
+             s3:       bucket, endpoint (none: AWS), region = "us-east-1", prefix = "",
+                       access_key_id, secret_access_key (both or neither; neither: the
+                       AWS environment variables), command_timeout_ms = 10000 (per request)
     [[auth.keys]]  name, sha256 (hex of the key), locks, stores (prefixes, none by
              default; "" allows all), verbs (lock, read, write; all by default)
     [tls]  cert, key
@@ -74,6 +77,10 @@ _POSTGRES_ONLY: Final = (
     "dsn", "schema", "table", "key_column", "columns", "pool_min", "pool_max",
     "command_timeout_ms", "acquire_timeout_ms",
 )  # fmt: skip
+_S3_ONLY: Final = (
+    "endpoint", "bucket", "region", "prefix", "access_key_id", "secret_access_key",
+)  # fmt: skip
+_S3_BUCKET: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +122,7 @@ class StoreConfig:
     """``[stores.<name>]``."""
 
     name: str
-    type: Literal["postgres", "files"]
+    type: Literal["postgres", "files", "s3"]
     fencing: Fencing = "token"
     dsn: str | None = field(default=None, repr=False)
     schema: str = "public"
@@ -127,11 +134,20 @@ class StoreConfig:
     key_column: str | None = None
     columns: tuple[str, ...] = ()
     root: str | None = None
+    endpoint: str | None = None
+    bucket: str | None = None
+    region: str = "us-east-1"
+    prefix: str = ""
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
 
     def describe(self) -> str:
         """One line for the log, without secrets."""
         if self.type == "files":
             what = f"files under {self.root}"
+        elif self.type == "s3":
+            where = redact(self.endpoint) if self.endpoint else "AWS"
+            what = f"s3 bucket {self.bucket} at {where} ({self.region}), prefix {self.prefix!r}"
         elif self.table:
             what = f"postgres table {self.table} ({self.key_column}; {', '.join(self.columns)})"
             what += f" at {redact(self.dsn or '')}"
@@ -326,10 +342,16 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
         env = f"FENCEGATE_STORES_{name.upper().replace('-', '_')}_TYPE"
         raise ConfigError(
             f"config {where + '.type'!r} is not set{source}: a store needs type = "
-            f"'postgres' or 'files' (in the file, or {env}=postgres)"
+            f"'postgres', 'files' or 's3' (in the file, or {env}=postgres)"
         )
-    kind = r.choice(t, "type", f"{where}.type", ("postgres", "files"), None)
+    kind = r.choice(t, "type", f"{where}.type", ("postgres", "files", "s3"), None)
     fencing = r.choice(t, "fencing", f"{where}.fencing", ("token", "lease", "none"), "token")
+    if kind != "s3":
+        for key in _S3_ONLY:
+            if key in t:
+                r.fail(f"{where}.{key}", t[key], "only for type = 's3'")
+    if kind == "s3":
+        return _parse_s3(r, name, t, cast(Fencing, fencing))
     if kind == "files":
         for key in _POSTGRES_ONLY:
             if key in t:
@@ -373,6 +395,51 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
         table=table,
         key_column=key_column,
         columns=columns,
+    )
+
+
+def _parse_s3(r: Reader, name: str, t: Mapping[str, Any], fencing: Fencing) -> StoreConfig:
+    where = f"stores.{name}"
+    for key in (*_POSTGRES_ONLY, "root"):
+        if key in t and key != "command_timeout_ms":
+            r.fail(f"{where}.{key}", t[key], "not a key of type = 's3'")
+    bucket = r.string(t, "bucket", f"{where}.bucket")
+    if bucket is None or not _S3_BUCKET.fullmatch(bucket):
+        r.fail(
+            f"{where}.bucket",
+            bucket,
+            "an s3 store needs bucket = <an existing bucket> (3-63 of a-z 0-9 . -)",
+        )
+    endpoint = r.string(t, "endpoint", f"{where}.endpoint")
+    if endpoint is not None:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            r.fail(f"{where}.endpoint", redact(endpoint), "must be an http:// or https:// URL")
+    region = r.string(t, "region", f"{where}.region") or "us-east-1"
+    prefix = r.string(t, "prefix", f"{where}.prefix") or ""
+    if len(prefix.encode()) > 512 or "\x00" in prefix:
+        r.fail(f"{where}.prefix", prefix, "must be at most 512 bytes, without NUL")
+    key_id = r.string(t, "access_key_id", f"{where}.access_key_id")
+    secret = r.string(t, "secret_access_key", f"{where}.secret_access_key")
+    if (key_id is None) != (secret is None):
+        missing = "secret_access_key" if secret is None else "access_key_id"
+        r.fail(
+            f"{where}.{missing}",
+            None,
+            "set access_key_id and secret_access_key together, or neither"
+            " (then AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are used)",
+        )
+    return StoreConfig(
+        name,
+        "s3",
+        fencing,
+        command_timeout=r.ms(t, "command_timeout_ms", f"{where}.command_timeout_ms", 10_000),
+        endpoint=endpoint,
+        bucket=bucket,
+        region=region,
+        prefix=prefix,
+        access_key_id=key_id,
+        secret_access_key=secret,
     )
 
 

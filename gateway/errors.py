@@ -19,6 +19,7 @@ from storage_adapters.errors import (
     StaleToken,
     StorageError,
     StorageUnavailable,
+    StoreMisconfigured,
     TableMismatch,
     TokenNotIssued,
     UnfencedRefused,
@@ -195,6 +196,7 @@ STATUS: Final[Mapping[type[Exception], int]] = {
     QuorumUnavailable: 503,
     StorageUnavailable: 503,
     TableMismatch: 503,
+    StoreMisconfigured: 503,
     ShuttingDown: 503,
     RequestTimeout: 503,
     StorageError: 500,  # any other storage failure: rendered with its code, and logged

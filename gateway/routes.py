@@ -226,8 +226,15 @@ def _token(request: web.Request, entry: StoreEntry, *, required: bool) -> int | 
 def _scope(request: web.Request, entry: StoreEntry, key: str, token: int | None) -> str:
     """The fence scope: the lock named by X-Fencing-Lock, else ``{store}/{key}``.
 
-    Without a token nothing is fenced, so the header does not matter then.
+    Without a token nothing is fenced, so the header does not matter then; on a
+    store that fences each key alone (s3) the header is refused either way.
     """
+    if entry.store.per_key_scope and LOCK_HEADER in request.headers:
+        raise BadRequest(
+            f"store {entry.name!r} ({entry.store.kind}) fences each key by its own lock"
+            f" {entry.name + '/' + key!r}; {LOCK_HEADER} cannot name a coarser one here"
+            " (a conditional write checks one object): drop the header and use that lock's token"
+        )
     if token is None:
         return f"{entry.name}/{key}"
     scope = request.headers.get(LOCK_HEADER, f"{entry.name}/{key}")

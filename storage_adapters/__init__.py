@@ -10,6 +10,7 @@ from storage_adapters.errors import (
     StaleToken,
     StorageError,
     StorageUnavailable,
+    StoreMisconfigured,
     StoreNotStarted,
     TableMismatch,
     TokenNotIssued,
@@ -17,6 +18,7 @@ from storage_adapters.errors import (
 from storage_adapters.files import FileStore
 from storage_adapters.postgres import PostgresStore
 from storage_adapters.postgres_legacy import PostgresLegacyStore
+from storage_adapters.s3 import S3Store
 
 __all__ = [
     "BadValue",
@@ -27,10 +29,12 @@ __all__ = [
     "PostgresLegacyStore",
     "PostgresStore",
     "Record",
+    "S3Store",
     "StaleToken",
     "StorageError",
     "StorageUnavailable",
     "StoreHooks",
+    "StoreMisconfigured",
     "StoreNotStarted",
     "TableMismatch",
     "TokenNotIssued",

@@ -124,7 +124,9 @@ class FencedStore(ABC):
     """A storage that applies a write only if its fencing token is not stale."""
 
     kind: ClassVar[str]
-    """``postgres``, ``postgres_legacy`` or ``files``."""
+    """``postgres``, ``postgres_legacy``, ``files`` or ``s3``."""
+    per_key_scope: ClassVar[bool] = False
+    """True: the fence scope is always the key's own lock; ``X-Fencing-Lock`` is refused."""
 
     def __init__(self, name: str, *, hooks: StoreHooks = NO_HOOKS) -> None:
         self.name = name

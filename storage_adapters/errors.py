@@ -14,6 +14,7 @@ __all__ = [
     "StaleToken",
     "StorageError",
     "StorageUnavailable",
+    "StoreMisconfigured",
     "StoreNotStarted",
     "TableMismatch",
     "TokenNotIssued",
@@ -109,6 +110,20 @@ class TableMismatch(StorageError):
         self.store = store
         self.table = table
         self.problems = list(problems)
+
+
+class StoreMisconfigured(StorageError):
+    """The storage answered, but the store's configuration does not fit it (raised by ``start``).
+
+    A missing bucket, credentials the server refuses: retrying will not help.
+    """
+
+    code = "storage_config"
+
+    def __init__(self, store: str, reason: str) -> None:
+        super().__init__(f"store {store!r} is misconfigured: {reason}")
+        self.store = store
+        self.reason = reason
 
 
 class UnfencedRefused(StorageError):

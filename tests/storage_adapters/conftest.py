@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from storage_adapters import FencedStore, FileStore, PostgresLegacyStore, PostgresStore, Record
+from storage_adapters import (
+    FencedStore,
+    FileStore,
+    PostgresLegacyStore,
+    PostgresStore,
+    Record,
+    S3Store,
+)
 from storage_adapters.base import NO_HOOKS, StoreHooks
+from tests._s3_server import CREDENTIALS, MotoServer
 
 KINDS = ["postgres", "postgres_legacy", "files"]
 
@@ -104,6 +112,40 @@ async def backend(
         return FileStore("files", root, hooks=hooks)
 
     return Backend(kind, make_files)
+
+
+def s3_backend(server: MotoServer, bucket: str, *, name: str = "s3") -> Backend:
+    """The s3 store over ``bucket`` of a running moto server (one entry of a store registry)."""
+
+    def make_s3(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
+        return S3Store(
+            name,
+            bucket=bucket,
+            endpoint=server.endpoint,
+            prefix="data/",
+            timeout=5.0,
+            hooks=hooks,
+            **CREDENTIALS,
+        )
+
+    return Backend("s3", make_s3)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """One moto server (S3-compatible, conditional writes) for the session."""
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: MotoServer) -> str:
+    """A new bucket per test (the server is restarted by outage tests: start it again)."""
+    if not s3_server.alive:
+        s3_server.start()
+    return s3_server.create_bucket()
 
 
 @pytest.fixture

@@ -1,0 +1,443 @@
+"""An S3 bucket (any S3-compatible endpoint), one object per key, fenced by conditional writes.
+
+The object ``<prefix><key>`` holds the value byte for byte, with its content
+type as the object's ``Content-Type`` and fencing state in user metadata::
+
+    x-amz-meta-fencegate-token    token of the last accepted write (absent: unfenced write)
+    x-amz-meta-fencegate-mark     high-water mark of the key (writes and fenced reads raise it)
+    x-amz-meta-fencegate-deleted  "true" on a tombstone (empty body): the key is deleted
+
+There is no other database: every change is one conditional write of the
+object (``If-Match: <ETag read>``, or ``If-None-Match: *`` when there is no
+object), so the mark check and the write are one atomic step at the server::
+
+    HEAD/GET -> (etag, mark); refuse if token < mark; PUT ... If-Match: etag
+    another writer changed the object in between -> 412 (or 409): read again, bounded retries
+
+* a fenced read whose token is above the mark writes the same body back with
+  the raised mark (``If-Match``), so a fenced read costs a write of the body;
+* a delete leaves a tombstone that keeps the mark (a real DELETE would forget
+  it and let an older token create the key again); reads answer 404 for it.
+  Only a key that was never fenced is really deleted (a conditional DELETE).
+
+The fence scope is the key itself: the object is the only thing a conditional
+write can check, so a coarser lock (``X-Fencing-Lock``) cannot be fenced here.
+
+Known limit, from how S3 computes ETags: the ETag of a plain PUT is the MD5 of
+the body, so it does not change when only metadata changes. A writer that read
+ETag E and is paused *between its read and its PUT* (milliseconds) still
+passes ``If-Match: E`` if, meanwhile, newer tokens only raised the mark (a
+fenced read, a same-body write) or wrote a body and then the same old body
+back. A pause before the read, however long, is refused. See README, "s3".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from storage_adapters.base import NO_HOOKS, FencedStore, Record, StoreHooks
+from storage_adapters.errors import (
+    BadValue,
+    NotFound,
+    StaleToken,
+    StorageError,
+    StorageUnavailable,
+    StoreMisconfigured,
+    StoreNotStarted,
+)
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
+
+__all__ = ["MAX_ATTEMPTS", "S3Store"]
+
+MAX_ATTEMPTS: Final = 10
+"""Conditional writes tried per operation before it fails with 503 (a lost race each time)."""
+_MAX_OBJECT_KEY: Final = 1024  # bytes, S3's limit
+_TOKEN: Final = "fencegate-token"
+_MARK: Final = "fencegate-mark"
+_DELETED: Final = "fencegate-deleted"
+_LOST_RACE: Final = frozenset({409, 412})
+
+
+@dataclass(frozen=True, slots=True)
+class _Object:
+    """What fencing needs to know about an object (and its body, for a GET)."""
+
+    etag: str
+    token: int | None
+    mark: int
+    deleted: bool
+    content_type: str
+    body: bytes = b""
+
+
+class _LostRace(Exception):
+    """A conditional write found the object changed since it was read."""
+
+
+class S3Store(FencedStore):
+    """Objects in one bucket, one per key, each fenced by conditional writes.
+
+    Args:
+        name: the store name.
+        bucket: an existing bucket.
+        endpoint: the S3-compatible endpoint URL; None for AWS.
+        region: the signing region.
+        prefix: prepended to every key to name its object.
+        access_key_id, secret_access_key: credentials; None for the standard AWS
+            chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles, ...).
+        timeout: seconds one S3 request may take.
+        max_attempts: conditional writes tried per operation (lost races).
+        hooks: metrics hooks.
+    """
+
+    kind = "s3"
+    per_key_scope = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        bucket: str,
+        endpoint: str | None = None,
+        region: str = "us-east-1",
+        prefix: str = "",
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        timeout: float = 10.0,
+        max_attempts: int = MAX_ATTEMPTS,
+        hooks: StoreHooks = NO_HOOKS,
+    ) -> None:
+        super().__init__(name, hooks=hooks)
+        self.bucket = bucket
+        self.endpoint = endpoint
+        self.region = region
+        self.prefix = prefix
+        self._access_key_id = access_key_id
+        self._secret_access_key = secret_access_key
+        self._timeout = timeout
+        self._max_attempts = max_attempts
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._client: S3Client | None = None
+
+    def check_key(self, key: str) -> None:
+        super().check_key(key)
+        if len((self.prefix + key).encode()) > _MAX_OBJECT_KEY:
+            raise BadValue(
+                f"key {key!r} with prefix {self.prefix!r} is longer than S3's"
+                f" {_MAX_OBJECT_KEY} bytes",
+                key=key,
+            )
+
+    def _check(self, scope: str, key: str, token: int | None) -> None:
+        super()._check(scope, key, token)
+        self.check_key(key)
+        if token is not None and scope != f"{self.name}/{key}":
+            raise BadValue(
+                f"store {self.name!r} (s3) fences each key by its own lock"
+                f" {self.name + '/' + key!r}, not {scope!r}: a conditional write checks one object"
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        stack = contextlib.AsyncExitStack()
+        config = AioConfig(
+            connect_timeout=min(self._timeout, 5.0),
+            read_timeout=self._timeout,
+            retries={"total_max_attempts": 1},  # our loop retries; an outage answers 503 at once
+            s3={"addressing_style": "auto" if self.endpoint is None else "path"},
+            # S3-compatible servers differ in the newer checksum headers; send them when required
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        try:
+            client = await stack.enter_async_context(
+                get_session().create_client(
+                    "s3",
+                    endpoint_url=self.endpoint,
+                    region_name=self.region,
+                    aws_access_key_id=self._access_key_id,
+                    aws_secret_access_key=self._secret_access_key,
+                    config=config,
+                )
+            )
+            self._client = client
+            await self._check_bucket()
+        except BaseException:
+            self._client = None
+            await stack.aclose()
+            raise
+        self._stack = stack
+
+    async def _check_bucket(self) -> None:
+        where = f"bucket {self.bucket!r} at {self.endpoint or 'AWS'}"
+        try:
+            async with self._errors("HeadBucket"):
+                await self._require_client().head_bucket(Bucket=self.bucket)
+        except StorageUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, NoCredentialsError):
+                raise StoreMisconfigured(
+                    self.name,
+                    "no credentials: set access_key_id and secret_access_key, or"
+                    " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                ) from None
+            if isinstance(cause, ClientError):
+                status = _status(cause)
+                if status == 404:
+                    raise StoreMisconfigured(self.name, f"{where} does not exist") from None
+                if status in (401, 403):
+                    raise StoreMisconfigured(
+                        self.name,
+                        f"{where} refused the credentials ({status}): check access_key_id and"
+                        " secret_access_key (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                        " and the bucket's permissions",
+                    ) from None
+            raise
+
+    async def close(self) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def ping(self) -> None:
+        async with self._errors("HeadBucket"):
+            await self._require_client().head_bucket(Bucket=self.bucket)
+
+    # -- the three operations ----------------------------------------------------------
+
+    async def _put(
+        self, scope: str, key: str, token: int | None, body: bytes, content_type: str
+    ) -> int | None:
+        name = self.prefix + key
+        for attempt in range(self._max_attempts):
+            current = await self._head(name)
+            mark = self._checked_mark(scope, current, token)
+            try:
+                await self._write(
+                    name, current, body, content_type, token=token, mark=max(mark, token or 0)
+                )
+                return token
+            except _LostRace:
+                await _backoff(attempt)
+        raise self._contended(key)
+
+    async def _get(self, scope: str, key: str, token: int | None) -> Record:
+        name = self.prefix + key
+        for attempt in range(self._max_attempts):
+            current = await self._fetch(name)
+            mark = self._checked_mark(scope, current, token)
+            try:
+                if token is not None and token > mark:
+                    if current is None or current.deleted:
+                        await self._tombstone(name, current, mark=token)
+                    else:  # the same body back, with the raised mark
+                        await self._write(
+                            name,
+                            current,
+                            current.body,
+                            current.content_type,
+                            token=current.token,
+                            mark=token,
+                        )
+            except _LostRace:
+                await _backoff(attempt)
+                continue
+            if current is None or current.deleted:
+                raise NotFound(self.name, key)
+            return Record(body=current.body, token=current.token, content_type=current.content_type)
+        raise self._contended(key)
+
+    async def _delete(self, scope: str, key: str, token: int | None) -> None:
+        name = self.prefix + key
+        for attempt in range(self._max_attempts):
+            current = await self._head(name)
+            mark = max(self._checked_mark(scope, current, token), token or 0)
+            try:
+                if mark == 0:  # never fenced: nothing to remember, really delete it
+                    if current is not None:
+                        await self._delete_object(name, current.etag)
+                    return
+                if current is None or not current.deleted or current.mark < mark:
+                    await self._tombstone(name, current, mark=mark)
+                return
+            except _LostRace:
+                await _backoff(attempt)
+        raise self._contended(key)
+
+    # -- fencing -----------------------------------------------------------------------
+
+    def _checked_mark(self, scope: str, current: _Object | None, token: int | None) -> int:
+        """The mark of the object; raise ``StaleToken`` if ``token`` is older."""
+        mark = 0 if current is None else current.mark
+        if token is not None and token < mark:
+            raise StaleToken(token, mark, scope=scope)
+        return mark
+
+    def _contended(self, key: str) -> StorageUnavailable:
+        return StorageUnavailable(
+            self.name,
+            f"key {key!r} changed under {self._max_attempts} conditional writes in a row"
+            " (other writers of the key); try again",
+        )
+
+    # -- S3 requests -------------------------------------------------------------------
+
+    async def _head(self, name: str) -> _Object | None:
+        try:
+            async with self._errors("HeadObject"):
+                resp = await self._require_client().head_object(Bucket=self.bucket, Key=name)
+        except _Missing:
+            return None
+        return self._object(name, resp)
+
+    async def _fetch(self, name: str) -> _Object | None:
+        try:
+            async with self._errors("GetObject"):
+                resp = await self._require_client().get_object(Bucket=self.bucket, Key=name)
+                async with resp["Body"] as stream:
+                    body = await stream.read()
+        except _Missing:
+            return None
+        obj = self._object(name, resp)
+        return _Object(obj.etag, obj.token, obj.mark, obj.deleted, obj.content_type, body)
+
+    async def _write(
+        self,
+        name: str,
+        current: _Object | None,
+        body: bytes,
+        content_type: str,
+        *,
+        token: int | None,
+        mark: int,
+        deleted: bool = False,
+    ) -> None:
+        """One conditional PUT: on the ETag read, or only if there is no object."""
+        meta = {_MARK: str(mark)}
+        if token is not None:
+            meta[_TOKEN] = str(token)
+        if deleted:
+            meta[_DELETED] = "true"
+        client = self._require_client()
+        async with self._errors("PutObject", conditional=True):
+            if current is None:
+                await client.put_object(
+                    Bucket=self.bucket,
+                    Key=name,
+                    Body=body,
+                    ContentType=content_type,
+                    Metadata=meta,
+                    IfNoneMatch="*",
+                )
+            else:
+                await client.put_object(
+                    Bucket=self.bucket,
+                    Key=name,
+                    Body=body,
+                    ContentType=content_type,
+                    Metadata=meta,
+                    IfMatch=current.etag,
+                )
+
+    async def _tombstone(self, name: str, current: _Object | None, *, mark: int) -> None:
+        await self._write(
+            name, current, b"", "application/octet-stream", token=None, mark=mark, deleted=True
+        )
+
+    async def _delete_object(self, name: str, etag: str) -> None:
+        # Servers without conditional DELETE ignore If-Match; only unfenced keys get here.
+        async with self._errors("DeleteObject", conditional=True):
+            await self._require_client().delete_object(Bucket=self.bucket, Key=name, IfMatch=etag)
+
+    def _object(self, name: str, resp: Mapping[str, Any]) -> _Object:
+        meta: Mapping[str, str] = resp.get("Metadata") or {}
+        token = self._int_meta(name, meta, _TOKEN)
+        mark = max(self._int_meta(name, meta, _MARK) or 0, token or 0)
+        return _Object(
+            etag=str(resp["ETag"]),
+            token=token,
+            mark=mark,
+            deleted=meta.get(_DELETED) == "true",
+            content_type=str(resp.get("ContentType") or "application/octet-stream"),
+        )
+
+    def _int_meta(self, name: str, meta: Mapping[str, str], field: str) -> int | None:
+        raw = meta.get(field)
+        if raw is None:
+            return None
+        if not raw.isdigit():  # fail closed: never guess a mark
+            raise StorageError(
+                f"store {self.name!r}: object {name!r} has a corrupt {field} {raw!r}"
+            )
+        return int(raw)
+
+    # -- client and errors -------------------------------------------------------------
+
+    def _require_client(self) -> S3Client:
+        if self._client is None:
+            raise StoreNotStarted(self.name)
+        return self._client
+
+    @contextlib.asynccontextmanager
+    async def _errors(self, op: str, *, conditional: bool = False) -> AsyncIterator[None]:
+        """Bound one request by the timeout; S3 and network errors become ours."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                yield
+        except ClientError as exc:
+            status = _status(exc)
+            if conditional and (status in _LOST_RACE or _code(exc) == "NoSuchKey"):
+                # 404: the object read was deleted meanwhile (outside fencegate)
+                raise _LostRace() from exc
+            if status == 404 and op in ("HeadObject", "GetObject") and _code(exc) != "NoSuchBucket":
+                raise _Missing() from exc
+            raise StorageUnavailable(
+                self.name, f"{op} answered {status} {_code(exc)}: {_message(exc)}"
+            ) from exc
+        except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
+            raise StorageUnavailable(
+                self.name, f"{op} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        except TimeoutError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise StorageUnavailable(
+                self.name, f"{op} took longer than {self._timeout:g} s"
+            ) from exc
+
+
+class _Missing(Exception):
+    """HEAD or GET found no object."""
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _message(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Message", "")) or "(no message)"
+
+
+async def _backoff(attempt: int) -> None:
+    """A short random pause before trying a lost conditional write again (bounded)."""
+    await asyncio.sleep(random.uniform(0, min(0.005 * 2**attempt, 0.2)))
