@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
+from gateway.cli import main
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from storage_adapters import BadValue, NotFound, S3Store, StaleToken, StorageUnavailable
@@ -435,24 +436,28 @@ def test_strict_start_with_an_unreachable_endpoint_is_one_clear_line(tmp_path: P
     assert_one_clear_line(result, "store 'media'", "HeadBucket failed")
 
 
-def check_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+def check_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> tuple[int, str, str]:
     (tmp_path / "f.toml").write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", str(tmp_path / "f.toml")],
-        env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    status = main(["check-config", str(tmp_path / "f.toml")])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
 
 
-def test_check_config_knows_the_s3_keys(tmp_path: Path) -> None:
+def test_check_config_knows_the_s3_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in [v for v in os.environ if v.startswith("FENCEGATE_")]:
+        monkeypatch.delenv(var)
     good = (
         '[stores.media]\ntype = "s3"\nendpoint = "https://s3.example.test"\nbucket = "media"\n'
         'region = "eu-west-1"\nprefix = "fencegate/"\naccess_key_id = "AKIA"\n'
         'secret_access_key = "hush-hush"\ncommand_timeout_ms = 3000\nfencing = "lease"\n'
     )
-    result = check_config(tmp_path, good)
-    assert result.returncode == 0, result.stderr
-    assert "stores media" in result.stdout
+    status, out, err = check_config(tmp_path, capsys, good)
+    assert status == 0, err
+    assert "stores media" in out
     cases = [
         ('[stores.m]\ntype = "s3"\n', "'stores.m.bucket' is not set"),
         ('[stores.m]\ntype = "s3"\nbucket = "Bad_Bucket"\n', "3-63 of a-z 0-9 . -"),
@@ -466,11 +471,19 @@ def test_check_config_knows_the_s3_keys(tmp_path: Path) -> None:
         ('[stores.m]\ntype = "s3"\nbucket = "b12"\nsecret_access_key = 5\n', "<hidden>"),
     ]
     for text, needle in cases:
-        result = check_config(tmp_path, text)
-        assert result.returncode == 1, (text, result.stdout)
-        assert needle in result.stderr, (text, result.stderr)
-        assert "hush-hush" not in result.stderr
-        assert "Traceback" not in result.stderr
+        status, out, err = check_config(tmp_path, capsys, text)
+        assert status == 1, (text, out)
+        assert needle in err, (text, err)
+        assert "hush-hush" not in err
+        assert "Traceback" not in err
+    env_status = main(["check-config", str(tmp_path / "f.toml")])  # the last case, env fixes it
+    assert env_status == 1
+    capsys.readouterr()
+    monkeypatch.setenv("FENCEGATE_STORES_M_SECRET_ACCESS_KEY", "from-env")
+    monkeypatch.setenv("FENCEGATE_STORES_M_ACCESS_KEY_ID", "AKIA")
+    status, out, err = check_config(tmp_path, capsys, '[stores.m]\ntype = "s3"\nbucket = "b12"\n')
+    assert status == 0, err
+    assert "from-env" not in out + err
 
 
 # -- two gateway processes ---------------------------------------------------------------
