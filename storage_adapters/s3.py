@@ -5,7 +5,7 @@ type as the object's ``Content-Type`` and fencing state in user metadata::
 
     x-amz-meta-fencegate-token    token of the last accepted write (absent: unfenced write)
     x-amz-meta-fencegate-mark     high-water mark of the key (writes and fenced reads raise it)
-    x-amz-meta-fencegate-deleted  "true" on a tombstone (empty body): the key is deleted
+    x-amz-meta-fencegate-deleted  "true" on a tombstone: the key is deleted (the body says so)
 
 There is no other database: every change is one conditional write of the
 object (``If-Match: <ETag read>``, or ``If-None-Match: *`` when there is no
@@ -355,9 +355,10 @@ class S3Store(FencedStore):
                 )
 
     async def _tombstone(self, name: str, current: _Object | None, *, mark: int) -> None:
-        await self._write(
-            name, current, b"", "application/octet-stream", token=None, mark=mark, deleted=True
-        )
+        # The mark in the body too: every tombstone has its own ETag (an empty body would
+        # give all of them one, and a writer holding it would pass If-Match after a newer one).
+        body = f"deleted by fencegate; high-water mark {mark}\n".encode()
+        await self._write(name, current, body, "text/plain", token=None, mark=mark, deleted=True)
 
     async def _delete_object(self, name: str, etag: str) -> None:
         # Servers without conditional DELETE ignore If-Match; only unfenced keys get here.

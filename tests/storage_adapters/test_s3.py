@@ -112,7 +112,7 @@ async def test_delete_keeps_the_mark_in_a_tombstone(
     with pytest.raises(NotFound):
         await s3.get("s3/k", "k", None)
     assert stored(s3_server, s3_bucket, "k") == (
-        b"",
+        b"deleted by fencegate; high-water mark 6\n",
         {"fencegate-mark": "6", "fencegate-deleted": "true"},
     )
     with pytest.raises(StaleToken):
@@ -176,6 +176,26 @@ async def test_a_stale_writer_that_read_before_a_newer_write_loses_the_race(
     assert caught.value.high_water == 6
     record = await s3.get("s3/k", "k", None)
     assert (record.body, record.token) == (b"writer 6", 6)
+
+
+async def test_a_stale_writer_that_read_a_tombstone_loses_to_a_newer_delete(
+    s3_server: MotoServer, s3_bucket: str, s3: S3Store
+) -> None:
+    """Each tombstone has its own ETag (its body names the mark): writer 5 read the tombstone
+    of delete 4, a newer delete (6) replaced it, and writer 5's If-Match fails."""
+    await s3.delete("s3/k", "k", 4)
+    slow = PausingStore(
+        "s3", bucket=s3_bucket, endpoint=s3_server.endpoint, prefix="data/", **CREDENTIALS
+    )
+    async with slow:
+        late = asyncio.create_task(slow.put("s3/k", "k", 5, b"writer 5"))
+        await slow.read.wait()
+        await s3.delete("s3/k", "k", 6)
+        slow.go.set()
+        with pytest.raises(StaleToken):
+            await late
+    with pytest.raises(NotFound):
+        await s3.get("s3/k", "k", None)
 
 
 @pytest.mark.xfail(
