@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -68,6 +69,8 @@ _TOKEN: Final = "fencegate-token"
 _MARK: Final = "fencegate-mark"
 _DELETED: Final = "fencegate-deleted"
 _LOST_RACE: Final = frozenset({409, 412})
+_PROBE: Final = ".fencegate@probe/"
+_NO_ETAG: Final = '"00000000000000000000000000000000"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,7 @@ class S3Store(FencedStore):
             )
             self._client = client
             await self._check_bucket()
+            await self._check_conditional_writes()
         except BaseException:
             self._client = None
             await stack.aclose()
@@ -184,30 +188,57 @@ class S3Store(FencedStore):
         self._stack = stack
 
     async def _check_bucket(self) -> None:
-        where = f"bucket {self.bucket!r} at {self.endpoint or 'AWS'}"
         try:
-            async with self._errors("HeadBucket"):
+            async with self._errors("HeadBucket", start=True):
                 await self._require_client().head_bucket(Bucket=self.bucket)
         except StorageUnavailable as exc:
             cause = exc.__cause__
-            if isinstance(cause, NoCredentialsError):
+            if isinstance(cause, ClientError) and _status(cause) == 404:
+                where = f"bucket {self.bucket!r} at {self.endpoint or 'AWS'}"
+                raise StoreMisconfigured(self.name, f"{where} does not exist") from None
+            raise
+
+    async def _check_conditional_writes(self) -> None:
+        """Refuse a server that ignores If-None-Match or If-Match on PutObject.
+
+        Such a server would accept every write and fence nothing. The probe is an
+        object under ``prefix + _PROBE`` (no key can name it: ``@`` is not in keys).
+        """
+        name = f"{self.prefix}{_PROBE}{secrets.token_hex(8)}"
+        client = self._require_client()
+        try:
+            async with self._errors("PutObject", start=True):
+                await client.put_object(Bucket=self.bucket, Key=name, Body=b"1", IfNoneMatch="*")
+            for header in ("If-None-Match", "If-Match"):
+                if await self._probe_refused(name, header):
+                    continue  # as it must be
                 raise StoreMisconfigured(
                     self.name,
-                    "no credentials: set access_key_id and secret_access_key, or"
-                    " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-                ) from None
-            if isinstance(cause, ClientError):
-                status = _status(cause)
-                if status == 404:
-                    raise StoreMisconfigured(self.name, f"{where} does not exist") from None
-                if status in (401, 403):
-                    raise StoreMisconfigured(
-                        self.name,
-                        f"{where} refused the credentials ({status}): check access_key_id and"
-                        " secret_access_key (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
-                        " and the bucket's permissions",
-                    ) from None
-            raise
+                    f"the server at {self.endpoint or 'AWS'} ignores {header} on PutObject"
+                    " (a probe write that must fail succeeded): without conditional writes"
+                    " it cannot fence; use a server that supports them",
+                )
+        finally:
+            with contextlib.suppress(StorageError):
+                async with self._errors("DeleteObject"):
+                    await client.delete_object(Bucket=self.bucket, Key=name)
+
+    async def _probe_refused(self, name: str, header: str) -> bool:
+        """Whether a write that must fail (``header`` does not hold) was refused."""
+        client = self._require_client()
+        try:
+            async with self._errors("PutObject", conditional=True, start=True):
+                if header == "If-None-Match":
+                    await client.put_object(
+                        Bucket=self.bucket, Key=name, Body=b"2", IfNoneMatch="*"
+                    )
+                else:
+                    await client.put_object(
+                        Bucket=self.bucket, Key=name, Body=b"2", IfMatch=_NO_ETAG
+                    )
+        except _LostRace:
+            return True
+        return False
 
     async def close(self) -> None:
         stack, self._stack, self._client = self._stack, None, None
@@ -395,13 +426,34 @@ class S3Store(FencedStore):
         return self._client
 
     @contextlib.asynccontextmanager
-    async def _errors(self, op: str, *, conditional: bool = False) -> AsyncIterator[None]:
-        """Bound one request by the timeout; S3 and network errors become ours."""
+    async def _errors(
+        self, op: str, *, conditional: bool = False, start: bool = False
+    ) -> AsyncIterator[None]:
+        """Bound one request by the timeout; S3 and network errors become ours.
+
+        With ``start``, refused or missing credentials are ``StoreMisconfigured``
+        (a retry will not help); later they are an outage (503), as a revoked key is.
+        """
         try:
             async with asyncio.timeout(self._timeout):
                 yield
+        except NoCredentialsError:
+            if not start:
+                raise StorageUnavailable(self.name, f"{op}: no credentials") from None
+            raise StoreMisconfigured(
+                self.name,
+                "no credentials: set access_key_id and secret_access_key, or"
+                " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            ) from None
         except ClientError as exc:
             status = _status(exc)
+            if start and status in (401, 403):
+                raise StoreMisconfigured(
+                    self.name,
+                    f"{op} on bucket {self.bucket!r} at {self.endpoint or 'AWS'} was refused"
+                    f" ({status} {_code(exc)}): check access_key_id and secret_access_key"
+                    " (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) and the bucket's permissions",
+                ) from None
             if conditional and (status in _LOST_RACE or _code(exc) == "NoSuchKey"):
                 # 404: the object read was deleted meanwhile (outside fencegate)
                 raise _LostRace() from exc

@@ -282,11 +282,60 @@ async def test_start_names_refused_credentials(tmp_path: Path) -> None:
             access_key_id="AKIAWRONGWRONGWRONG0",
             secret_access_key="not-the-secret",
         )
-        with pytest.raises(StoreMisconfigured, match="refused the credentials") as caught:
+        with pytest.raises(StoreMisconfigured, match=r"was refused \(403") as caught:
             await store.start()
         assert "not-the-secret" not in str(caught.value)
     finally:
         server.kill()
+
+
+@pytest.fixture
+async def ignoring_server(s3_server: MotoServer) -> AsyncIterator[str]:
+    """moto behind an HTTP proxy that drops If-Match and If-None-Match: a server that
+    ignores conditional writes (moto does not check signatures, so the request passes)."""
+    dropped = {"host", "if-match", "if-none-match", "content-length", "transfer-encoding"}
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+
+        async def forward(request: web.Request) -> web.Response:
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
+            async with session.request(
+                request.method,
+                s3_server.endpoint + request.path_qs,
+                headers=headers,
+                data=await request.read(),
+            ) as upstream:
+                body = await upstream.read()
+                back = {
+                    k: v
+                    for k, v in upstream.headers.items()
+                    if k.lower() not in {"content-length", "transfer-encoding", "connection"}
+                }
+                return web.Response(status=upstream.status, body=body, headers=back)
+
+        app = web.Application(client_max_size=1 << 20)
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
+
+
+async def test_start_refuses_a_server_that_ignores_conditional_writes(
+    ignoring_server: str, s3_server: MotoServer, s3_bucket: str
+) -> None:
+    store = S3Store("s3", bucket=s3_bucket, endpoint=ignoring_server, prefix="p/", **CREDENTIALS)
+    with pytest.raises(StoreMisconfigured, match="ignores If-None-Match on PutObject"):
+        await store.start()
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("Contents", []) == []
+    async with S3Store(
+        "s3", bucket=s3_bucket, endpoint=s3_server.endpoint, prefix="p/", **CREDENTIALS
+    ):  # the same bucket, straight to moto: the probe passes, and is removed
+        pass
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("Contents", []) == []
 
 
 async def test_start_with_an_unreachable_endpoint_is_storage_unavailable() -> None:
