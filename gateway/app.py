@@ -35,7 +35,6 @@ from storage_adapters import (
     FileStore,
     PostgresLegacyStore,
     PostgresStore,
-    S3Store,
     StorageError,
     StorageUnavailable,
     StoreHooks,
@@ -139,6 +138,8 @@ def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
         assert config.root is not None  # checked by config
         return FileStore(config.name, config.root, hooks=hooks)
     if config.type == "s3":
+        from storage_adapters.s3 import S3Store  # loads aiobotocore: only when configured
+
         assert config.bucket is not None  # checked by config
         return S3Store(
             config.name,

@@ -1,7 +1,11 @@
 """Fenced storage: check the fencing token and write, atomically, for each kind of storage.
 
 Knows nothing about Redis or HTTP; the gateway maps ``StorageError.code`` to a status.
+``S3Store`` is imported on first use: aiobotocore takes about half a second to load,
+which every CLI call would pay.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from storage_adapters.base import FencedStore, NoHooks, Record, StoreHooks, validate_key
 from storage_adapters.errors import (
@@ -18,7 +22,9 @@ from storage_adapters.errors import (
 from storage_adapters.files import FileStore
 from storage_adapters.postgres import PostgresStore
 from storage_adapters.postgres_legacy import PostgresLegacyStore
-from storage_adapters.s3 import S3Store
+
+if TYPE_CHECKING:
+    from storage_adapters.s3 import S3Store
 
 __all__ = [
     "BadValue",
@@ -40,3 +46,11 @@ __all__ = [
     "TokenNotIssued",
     "validate_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "S3Store":
+        from storage_adapters.s3 import S3Store
+
+        return S3Store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
