@@ -320,7 +320,8 @@ def _components() -> dict[str, Any]:
             "FencingLock": {
                 "name": "X-Fencing-Lock",
                 "in": "header",
-                "description": "the lock that fences this key; default '{store}/{key}'",
+                "description": "the lock that fences this key; default '{store}/{key}'"
+                " (an s3 store refuses the header: 400)",
                 "schema": {"type": "string", "pattern": _NAME_PATTERN},
             },
         },
