@@ -198,6 +198,28 @@ async def test_a_stale_writer_that_read_a_tombstone_loses_to_a_newer_delete(
         await s3.get("s3/k", "k", None)
 
 
+async def test_lost_races_are_retried_a_bounded_number_of_times(
+    s3_server: MotoServer, s3_bucket: str, s3: S3Store
+) -> None:
+    await s3.put("s3/k", "k", 1, b"v1")
+    slow = PausingStore(
+        "s3",
+        bucket=s3_bucket,
+        endpoint=s3_server.endpoint,
+        prefix="data/",
+        max_attempts=1,
+        **CREDENTIALS,
+    )
+    async with slow:
+        late = asyncio.create_task(slow.put("s3/k", "k", 7, b"writer 7"))
+        await slow.read.wait()
+        await s3.put("s3/k", "k", 2, b"v2")  # changes the object under writer 7
+        slow.go.set()
+        with pytest.raises(StorageUnavailable, match="changed under 1 conditional writes"):
+            await late
+    assert (await s3.get("s3/k", "k", None)).body == b"v2"
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="known limit: a PUT's ETag is the MD5 of the body, so a fenced read (same body, "
@@ -336,6 +358,23 @@ async def test_start_refuses_a_server_that_ignores_conditional_writes(
     ):  # the same bucket, straight to moto: the probe passes, and is removed
         pass
     assert s3_server.client().list_objects_v2(Bucket=s3_bucket).get("Contents", []) == []
+
+
+async def test_credentials_come_from_the_aws_environment(
+    s3_server: MotoServer, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = S3Store("s3", bucket=s3_bucket, endpoint=s3_server.endpoint, timeout=5.0)
+    with pytest.raises(StoreMisconfigured, match="no credentials: set access_key_id"):
+        await store.start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS["secret_access_key"])
+    async with store:
+        await store.put("s3/k", "k", 1, b"v")
 
 
 async def test_start_with_an_unreachable_endpoint_is_storage_unavailable() -> None:
