@@ -124,6 +124,17 @@ async def test_delete_keeps_the_mark_in_a_tombstone(
     assert (await s3.get("s3/k", "k", None)).body == b"back"
 
 
+async def test_an_unfenced_write_keeps_the_mark(s3: S3Store) -> None:
+    await s3.put("s3/k", "k", 10, b"ten")
+    assert await s3.put("s3/k", "k", None, b"plain") is None
+    assert (await s3.get("s3/k", "k", None)).token is None
+    with pytest.raises(StaleToken):
+        await s3.put("s3/k", "k", 9, b"nine")
+    await s3.delete("s3/k", "k", None)  # a tombstone: the mark stays
+    with pytest.raises(StaleToken):
+        await s3.put("s3/k", "k", 9, b"nine")
+
+
 async def test_unfenced_delete_of_a_never_fenced_key_removes_the_object(
     s3: S3Store, s3_server: MotoServer, s3_bucket: str
 ) -> None:
