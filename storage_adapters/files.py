@@ -405,6 +405,8 @@ class FileStore(FencedStore):
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            # A root that is gone (an unmounted volume) is an outage, not a missing key.
+            self._sync_ping()
             raise NotFound(self.name, key) from None
         try:
             st = os.fstat(fd)

@@ -1,13 +1,12 @@
-"""The store routes over each kind of store: files, PostgreSQL key-value, a legacy table."""
+"""Store routes beyond the contract suite (tests/stores): content types, the files root,
+lease and none fencing, the issued-token cache and its messages."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -15,10 +14,8 @@ from tests._servers import RedisNode
 from tests.gateway.conftest import (
     Client,
     Start,
-    TcpProxy,
     make_config,
     store_section,
-    via_proxy,
 )
 
 KINDS = ["files", "kv", "legacy"]
@@ -90,25 +87,6 @@ async def error(response: Any, status: int, code: str) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_put_get_delete(client: Client, kind: str) -> None:
-    grant = await take(client, f"{kind}/acct/1")
-    response = await put(client, kind, "acct/1", "hello", grant["token"])
-    assert response.status == 200
-    assert await response.json() == {"store": kind, "key": "acct/1", "token": grant["token"]}
-    got = await client.get(f"/v1/stores/{kind}/acct/1")
-    assert got.status == 200
-    assert decode(kind, await got.read()) == "hello"
-    assert got.headers["X-Fencing-Token"] == str(grant["token"])
-    expected_type = "application/json" if kind == "legacy" else "application/octet-stream"
-    assert got.headers["Content-Type"].startswith(expected_type)
-    gone = await client.delete(
-        f"/v1/stores/{kind}/acct/1", headers={"X-Fencing-Token": str(grant["token"])}
-    )
-    assert gone.status == 204
-    assert await read(client, kind, "acct/1") is None
-
-
 @pytest.mark.parametrize("kind", ["files", "kv"])
 async def test_get_returns_the_stored_content_type(client: Client, kind: str) -> None:
     grant = await take(client, f"{kind}/doc")
@@ -120,77 +98,9 @@ async def test_get_returns_the_stored_content_type(client: Client, kind: str) ->
     assert got.headers["Content-Type"] == "text/plain; charset=utf-8"
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_older_token_is_409_stale_token_and_not_written(client: Client, kind: str) -> None:
-    old = await take(client, f"{kind}/k")
-    await drop(client, old)
-    new = await take(client, f"{kind}/k")
-    assert (await put(client, kind, "k", "new", new["token"])).status == 200
-    body = await error(await put(client, kind, "k", "old", old["token"]), 409, "stale_token")
-    assert body["token"] == old["token"]
-    assert body["high_water"] == new["token"]
-    assert await read(client, kind, "k") == "new"
-    deleted = await client.delete(
-        f"/v1/stores/{kind}/k", headers={"X-Fencing-Token": str(old["token"])}
-    )
-    await error(deleted, 409, "stale_token")
-    assert await read(client, kind, "k") == "new"
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_the_holder_may_write_many_times(client: Client, kind: str) -> None:
-    grant = await take(client, f"{kind}/many")
-    for i in range(3):
-        assert (await put(client, kind, "many", f"v{i}", grant["token"])).status == 200
-    assert await read(client, kind, "many") == "v2"
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("method", ["PUT", "DELETE"])
-async def test_missing_token_is_428(client: Client, kind: str, method: str) -> None:
-    response = await client.request(method, f"/v1/stores/{kind}/k", data=encode(kind, "x"))
-    await error(response, 428, "token_required")
-    assert await read(client, kind, "k") is None
-
-
-@pytest.mark.parametrize(
-    "token",
-    ["", "abc", "-5", "0", "1.5", "+5", "0x10", "1 2", "9223372036854775808",
-     "99999999999999999999999", "١٢", "1e3"],
-)  # fmt: skip
-async def test_malformed_token_is_400_bad_token(client: Client, token: str) -> None:
-    for kind in KINDS:
-        await error(await put(client, kind, "k", "x", token), 400, "bad_token")
-        fenced_read = await client.get(f"/v1/stores/{kind}/k", headers={"X-Fencing-Token": token})
-        await error(fenced_read, 400, "bad_token")
-
-
 async def test_largest_token_is_accepted_as_a_token(client: Client) -> None:
     # 2**63 - 1 is well formed; it was never issued, so the guard refuses it.
     await error(await put(client, "kv", "k", "x", 2**63 - 1), 403, "token_not_issued")
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_forged_token_is_403_and_nothing_written(client: Client, kind: str) -> None:
-    grant = await take(client, f"{kind}/acct/9")
-    forged = grant["token"] + 1_000_000
-    body = await error(await put(client, kind, "acct/9", "forged", forged), 403, "token_not_issued")
-    assert body["token"] == forged
-    assert await read(client, kind, "acct/9") is None
-    # the forged token did not raise the mark: the real holder still writes
-    assert (await put(client, kind, "acct/9", "real", grant["token"])).status == 200
-
-
-async def test_unknown_store_is_404(client: Client) -> None:
-    response = await client.put("/v1/stores/nope/k", data=b"x", headers={"X-Fencing-Token": "1"})
-    body = await error(response, 404, "unknown_store")
-    assert "nope" in body["message"]
-    await error(await client.get("/v1/stores/nope/k"), 404, "unknown_store")
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_get_of_a_missing_key_is_404_not_found(client: Client, kind: str) -> None:
-    await error(await client.get(f"/v1/stores/{kind}/missing"), 404, "not_found")
 
 
 @pytest.mark.parametrize(
@@ -241,70 +151,6 @@ async def test_oversized_body_is_413(start: Start, stores: dict[str, Any]) -> No
     ).status == 200
 
 
-async def test_legacy_table_refuses_bad_bodies(client: Client, pg_dsn: str, pg_schema: str) -> None:
-    grant = await take(client, "legacy/a1")
-    headers = {"X-Fencing-Token": str(grant["token"])}
-    for body in (b"not json", b"[1]", b'{"nope": 1}', b'{"id": "other"}', b'{"balance": "abc"}',
-                 b'{"note\\"; DROP TABLE accounts; --": 1}'):  # fmt: skip
-        response = await client.put("/v1/stores/legacy/a1", data=body, headers=headers)
-        await error(response, 400, "bad_request")
-    # SQL metacharacters in values are values
-    evil = "'); DROP TABLE accounts; --"
-    response = await client.put(
-        "/v1/stores/legacy/a1", data=json.dumps({"note": evil, "balance": 7}), headers=headers
-    )
-    assert response.status == 200
-    row = json.loads(await (await client.get("/v1/stores/legacy/a1")).read())
-    assert row == {"id": "a1", "balance": 7.00, "note": evil}
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        count = await conn.fetchval(f'SELECT count(*) FROM "{pg_schema}".accounts')
-    finally:
-        await conn.close()
-    assert count == 1
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_fenced_read_refuses_stale_and_raises_the_mark(client: Client, kind: str) -> None:
-    first = await take(client, f"{kind}/rmw", ttl_ms=10_000)
-    assert (await put(client, kind, "rmw", "v0", first["token"])).status == 200
-    await drop(client, first)
-    second = await take(client, f"{kind}/rmw")
-    # holder 2 reads (fenced): the mark rises to its token before anything was written
-    got = await client.get(
-        f"/v1/stores/{kind}/rmw", headers={"X-Fencing-Token": str(second["token"])}
-    )
-    assert got.status == 200
-    assert decode(kind, await got.read()) == "v0"
-    # holder 1's late read-modify-write is refused, read and write
-    stale_read = await client.get(
-        f"/v1/stores/{kind}/rmw", headers={"X-Fencing-Token": str(first["token"])}
-    )
-    await error(stale_read, 409, "stale_token")
-    await error(await put(client, kind, "rmw", "v0+1 (lost)", first["token"]), 409, "stale_token")
-    assert (await put(client, kind, "rmw", "v0+1", second["token"])).status == 200
-    assert await read(client, kind, "rmw") == "v0+1"
-
-
-async def test_fencing_lock_header_names_a_coarser_lock(
-    start: Start, stores: dict[str, Any], redis3: list[RedisNode]
-) -> None:
-    client = await start(make_config(lock_urls=[n.url for n in redis3], stores=stores))
-    table = {"X-Fencing-Lock": "tables/kv"}
-    old = await take(client, "tables/kv")
-    await drop(client, old)
-    new = await take(client, "tables/kv")
-    assert (await put(client, "kv", "a", "new-a", new["token"], **table)).status == 200
-    # the coarse lock's mark covers every key written under it
-    await error(await put(client, "kv", "b", "old-b", old["token"], **table), 409, "stale_token")
-    assert (await put(client, "kv", "b", "new-b", new["token"], **table)).status == 200
-    # without the header the scope is kv/b: a token of another lock was never issued for it
-    other = await take(client, "elsewhere")
-    await error(await put(client, "kv", "b", "x", other["token"] + 10), 403, "token_not_issued")
-    bad = await put(client, "kv", "b", "x", new["token"], **{"X-Fencing-Lock": "bad name"})
-    await error(bad, 400, "bad_request")
-
-
 async def test_lease_mode_needs_the_current_holder(start: Start, files_root: Path) -> None:
     stores = {"strict": {"type": "files", "root": str(files_root), "fencing": "lease"}}
     client = await start(make_config(stores=stores))
@@ -334,51 +180,6 @@ async def test_fencing_none_writes_without_any_check(start: Start, files_root: P
     assert (await response.json())["token"] is None
     assert (await put(client, "raw", "k", "b", 1)).status == 200
     assert await read(client, "raw", "k") == "b"
-
-
-async def test_unreachable_storage_is_503(
-    start: Start, pg_dsn: str, pg_schema: str, pg_proxy: TcpProxy
-) -> None:
-    stores = {"kv": {"type": "postgres", "dsn": via_proxy(pg_dsn, pg_proxy), "schema": pg_schema}}
-    client = await start(make_config(stores=stores))
-    grant = await take(client, "kv/k")
-    assert (await put(client, "kv", "k", "v", grant["token"])).status == 200
-    await pg_proxy.cut()
-    await error(await put(client, "kv", "k", "w", grant["token"]), 503, "storage_unavailable")
-    await error(await client.get("/v1/stores/kv/k"), 503, "storage_unavailable")
-    ready = await client.get("/readyz")
-    assert ready.status == 503
-    body = await ready.json()
-    assert body["ready"] is False
-    assert body["locks"] == "ok"
-    assert body["stores"]["kv"] != "ok"
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_kleppmann_paused_holder_write_is_refused(
-    start: Start, stores: dict[str, Any], redis3: list[RedisNode], kind: str
-) -> None:
-    """Client 1 takes the lock, pauses past its TTL; client 2 takes it and writes; client 1's
-    late write is refused and client 2's value stays. Each client uses its own gateway replica.
-    """
-    config = make_config(lock_urls=[n.url for n in redis3], stores=stores)
-    gateway_1, gateway_2 = await start(config), await start(config)
-    scope = f"{kind}/accounts/7"
-    client_1 = await take(gateway_1, scope, ttl_ms=200)
-    await asyncio.sleep(0.3)  # a GC pause: the lease expires while client 1 still believes in it
-    client_2 = await take(gateway_2, scope, ttl_ms=5000)
-    assert client_2["token"] > client_1["token"]
-    assert (await put(gateway_2, kind, "accounts/7", "client 2", client_2["token"])).status == 200
-    late = await put(gateway_1, kind, "accounts/7", "client 1", client_1["token"])
-    body = await error(late, 409, "stale_token")
-    assert body == {
-        "error": "stale_token",
-        "message": body["message"],
-        "token": client_1["token"],
-        "high_water": client_2["token"],
-    }
-    assert await read(gateway_1, kind, "accounts/7") == "client 2"
-    assert await read(gateway_2, kind, "accounts/7") == "client 2"
 
 
 async def test_issued_counter_is_cached_and_refreshed_above_it(

@@ -1,0 +1,214 @@
+"""The store types of the contract suite: a registry, one factory per type.
+
+A factory sets up real storage for one test and returns a ``Subject``: the
+``[stores.<name>]`` section that reaches it, how bodies hold a value, and how
+to cut the storage off and bring it back (the outage test). Adding a store
+type to the suite is adding one entry to ``STORE_TYPES``.
+
+Network storage is reached through a ``FaultProxy`` (tests/campaign/proxy.py)
+on loopback, so that a test can cut every connection and heal it again
+without touching the server that other tests share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from gateway.config import Config, parse_config
+from tests.campaign.proxy import FaultProxy
+
+Client = TestClient[web.Request, web.Application]
+
+
+@dataclass(frozen=True)
+class Subject:
+    """One store under test, as the gateway's configuration names it."""
+
+    type: str  # the registry key; also the store's name in URLs
+    section: dict[str, Any]
+    cut: Callable[[], Awaitable[None]]
+    """Make the storage unreachable (connections dropped, or the folder gone)."""
+    restore: Callable[[], Awaitable[None]]
+    legacy: bool = False
+    """Bodies are JSON objects of column values (an existing table)."""
+    scopes: bool = True
+    """Honours ``X-Fencing-Lock``; a store that does not answers it 400."""
+    bad_bodies: tuple[bytes, ...] = ()
+    """Bodies the store refuses with 400 bad_request."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.type
+
+    def encode(self, value: str) -> bytes:
+        if self.legacy:
+            return json.dumps({"note": value, "balance": "1.50"}).encode()
+        return value.encode()
+
+    def decode(self, raw: bytes) -> str:
+        if self.legacy:
+            note: str = json.loads(raw)["note"]
+            return note
+        return raw.decode()
+
+
+Factory = Callable[[dict[str, Any], Path], AbstractAsyncContextManager[Subject]]
+
+
+@dataclass(frozen=True)
+class StoreType:
+    """A registry entry: the fixtures its storage needs, and the factory of its subject."""
+
+    needs: tuple[str, ...]
+    make: Factory
+
+
+@asynccontextmanager
+async def proxied(dsn: str) -> AsyncIterator[tuple[str, FaultProxy]]:
+    """``dsn`` rewritten to go through a loopback proxy of its own."""
+    parts = urlsplit(dsn)
+    assert parts.hostname in ("127.0.0.1", "localhost", "::1"), "only loopback targets"
+    proxy = FaultProxy(parts.port or {"mysql": 3306}.get(parts.scheme, 5432))
+    await proxy.start()
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{proxy.port}" if userinfo else f"127.0.0.1:{proxy.port}"
+    try:
+        yield urlunsplit(parts._replace(netloc=netloc)), proxy
+    finally:
+        await proxy.close()
+
+
+def _proxy_switch(proxy: FaultProxy) -> dict[str, Callable[[], Awaitable[None]]]:
+    async def cut() -> None:
+        proxy.set("cut")
+
+    async def restore() -> None:
+        proxy.heal()
+
+    return {"cut": cut, "restore": restore}
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def postgres_kv(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    dsn, schema = res["pg_dsn"], res["pg_schema"]
+    async with proxied(dsn) as (via, proxy):
+        section = {"type": "postgres", "dsn": via, "schema": schema, "acquire_timeout_ms": 2000}
+        yield Subject("postgres_kv", section, **_proxy_switch(proxy))
+
+
+PG_ACCOUNTS = "id text PRIMARY KEY, balance numeric(12,2) NOT NULL DEFAULT 0, note text"
+LEGACY_BAD_BODIES = (
+    b"not json",
+    b"[1]",
+    b'{"nope": 1}',
+    b'{"id": "other"}',
+    b'{"balance": "abc"}',
+    b'{"note\\"; DROP TABLE accounts; --": 1}',
+    b"\xff\xfe",
+)
+
+
+@asynccontextmanager
+async def postgres_legacy(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    dsn, schema = res["pg_dsn"], res["pg_schema"]
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'CREATE TABLE "{schema}".accounts ({PG_ACCOUNTS})')
+    finally:
+        await conn.close()
+    async with proxied(dsn) as (via, proxy):
+        section = {
+            "type": "postgres", "dsn": via, "schema": schema, "acquire_timeout_ms": 2000,
+            "table": "accounts", "key_column": "id", "columns": ["balance", "note"],
+        }  # fmt: skip
+        yield Subject(
+            "postgres_legacy", section, legacy=True, bad_bodies=LEGACY_BAD_BODIES,
+            **_proxy_switch(proxy),
+        )  # fmt: skip
+
+
+# -- files --------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def files(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    root = tmp_path / "files-root"
+    away = tmp_path / "files-root.away"
+
+    # Permissions do not stop root (these tests may run as root): the outage is the
+    # folder going away, as an unmounted volume does, and coming back.
+    async def cut() -> None:
+        os.rename(root, away)
+
+    async def restore() -> None:
+        os.rename(away, root)
+
+    yield Subject("files", {"type": "files", "root": str(root)}, cut, restore)
+
+
+STORE_TYPES: dict[str, StoreType] = {
+    "postgres_kv": StoreType(("pg_dsn", "pg_schema"), postgres_kv),
+    "postgres_legacy": StoreType(("pg_dsn", "pg_schema"), postgres_legacy),
+    "files": StoreType((), files),
+}
+
+
+@pytest.fixture(params=list(STORE_TYPES))
+def store_type(request: pytest.FixtureRequest) -> tuple[StoreType, dict[str, Any]]:
+    """A registry entry and the fixtures it needs (resolved here, outside the event loop)."""
+    entry = STORE_TYPES[request.param]
+    return entry, {name: request.getfixturevalue(name) for name in entry.needs}
+
+
+@pytest.fixture
+async def subject(
+    store_type: tuple[StoreType, dict[str, Any]], tmp_path: Path
+) -> AsyncIterator[Subject]:
+    """Each store type of the registry, over its real storage."""
+    entry, resources = store_type
+    async with entry.make(resources, tmp_path) as made:
+        yield made
+
+
+def config_for(subject: Subject, lock_urls: list[str] | None = None, **top: Any) -> Config:
+    raw: dict[str, Any] = {"stores": {subject.name: subject.section}, **top}
+    raw["locks"] = {"redis": lock_urls or [], "node_timeout_ms": 200}
+    return parse_config(raw)
+
+
+Start = Callable[..., Awaitable[Client]]
+
+
+@pytest.fixture
+def start(aiohttp_client: Any) -> Start:
+    """Start an in-process gateway for a config (fresh metrics registry) and return its client."""
+
+    async def start(config: Config, registry: CollectorRegistry | None = None) -> Client:
+        app = create_app(config, registry=registry or CollectorRegistry())
+        client: Client = await aiohttp_client(app)
+        return client
+
+    return start
+
+
+@pytest.fixture
+async def client(start: Start, subject: Subject) -> Client:
+    return await start(config_for(subject))
