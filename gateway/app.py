@@ -33,6 +33,8 @@ from lockservice import LockManager
 from storage_adapters import (
     FencedStore,
     FileStore,
+    MysqlLegacyStore,
+    MysqlStore,
     PostgresLegacyStore,
     PostgresStore,
     StorageError,
@@ -153,6 +155,8 @@ def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
             hooks=hooks,
         )
     assert config.dsn is not None  # checked by config
+    if config.type == "mysql":
+        return _build_mysql(config, hooks)
     if config.table is not None:
         assert config.key_column is not None
         return PostgresLegacyStore(
@@ -172,6 +176,33 @@ def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
         config.name,
         config.dsn,
         schema=config.schema,
+        pool_min=config.pool_min,
+        pool_max=config.pool_max,
+        command_timeout=config.command_timeout,
+        acquire_timeout=config.acquire_timeout,
+        hooks=hooks,
+    )
+
+
+def _build_mysql(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
+    assert config.dsn is not None
+    if config.table is not None:
+        assert config.key_column is not None
+        return MysqlLegacyStore(
+            config.name,
+            config.dsn,
+            table=config.table,
+            key_column=config.key_column,
+            columns=config.columns,
+            pool_min=config.pool_min,
+            pool_max=config.pool_max,
+            command_timeout=config.command_timeout,
+            acquire_timeout=config.acquire_timeout,
+            hooks=hooks,
+        )
+    return MysqlStore(
+        config.name,
+        config.dsn,
         pool_min=config.pool_min,
         pool_max=config.pool_max,
         command_timeout=config.command_timeout,

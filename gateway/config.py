@@ -10,10 +10,13 @@ Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
     [locks]  redis = [urls]  node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
              max_wait_ms = 30000  default_ttl_ms = 10000  default_wait_ms = 0
              issued_cache_size = 100000
-    [stores.<name>]  type = "postgres" | "files" | "s3"   fencing = "token" | "lease" | "none"
+    [stores.<name>]  type = "postgres" | "mysql" | "files" | "s3"
+             fencing = "token" | "lease" | "none"
              postgres: dsn, schema = "public", pool_min = 1, pool_max = 10,
                        command_timeout_ms = 10000, acquire_timeout_ms = 5000,
                        table, key_column, columns (a legacy table; all three or none)
+             mysql:    as postgres, but dsn = "mysql://user:pass@host:3306/db" and no
+                       schema (the database is the DSN's)
              files:    root
              s3:       bucket, endpoint (none: AWS), region = "us-east-1", prefix = "",
                        access_key_id, secret_access_key (both or neither; neither: the
@@ -122,7 +125,7 @@ class StoreConfig:
     """``[stores.<name>]``."""
 
     name: str
-    type: Literal["postgres", "files", "s3"]
+    type: Literal["postgres", "mysql", "files", "s3"]
     fencing: Fencing = "token"
     dsn: str | None = field(default=None, repr=False)
     schema: str = "public"
@@ -149,8 +152,10 @@ class StoreConfig:
             where = redact(self.endpoint) if self.endpoint else "AWS"
             what = f"s3 bucket {self.bucket} at {where} ({self.region}), prefix {self.prefix!r}"
         elif self.table:
-            what = f"postgres table {self.table} ({self.key_column}; {', '.join(self.columns)})"
+            what = f"{self.type} table {self.table} ({self.key_column}; {', '.join(self.columns)})"
             what += f" at {redact(self.dsn or '')}"
+        elif self.type == "mysql":
+            what = f"mysql key-value at {redact(self.dsn or '')}"
         else:
             what = f"postgres key-value at {redact(self.dsn or '')} schema {self.schema}"
         return f"store {self.name!r}: {what}, fencing={self.fencing}"
@@ -342,9 +347,9 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
         env = f"FENCEGATE_STORES_{name.upper().replace('-', '_')}_TYPE"
         raise ConfigError(
             f"config {where + '.type'!r} is not set{source}: a store needs type = "
-            f"'postgres', 'files' or 's3' (in the file, or {env}=postgres)"
+            f"'postgres', 'mysql', 'files' or 's3' (in the file, or {env}=postgres)"
         )
-    kind = r.choice(t, "type", f"{where}.type", ("postgres", "files", "s3"), None)
+    kind = r.choice(t, "type", f"{where}.type", ("postgres", "mysql", "files", "s3"), None)
     fencing = r.choice(t, "fencing", f"{where}.fencing", ("token", "lease", "none"), "token")
     if kind != "s3":
         for key in _S3_ONLY:
@@ -355,7 +360,7 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
     if kind == "files":
         for key in _POSTGRES_ONLY:
             if key in t:
-                r.fail(f"{where}.{key}", t[key], "only for type = 'postgres'")
+                r.fail(f"{where}.{key}", t[key], "only for type = 'postgres' or 'mysql'")
         root = r.string(t, "root", f"{where}.root")
         if root is None:
             r.fail(f"{where}.root", None, "a files store needs root = <directory>")
@@ -363,7 +368,13 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
     if "root" in t:
         r.fail(f"{where}.root", t["root"], "only for type = 'files'")
     dsn = r.string(t, "dsn", f"{where}.dsn")
-    if dsn is None or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
+    if kind == "mysql":
+        if "schema" in t:
+            r.fail(f"{where}.schema", t["schema"], "a mysql store uses the DSN's database")
+        problem = _mysql_dsn_problem(dsn)
+        if problem:
+            r.fail(f"{where}.dsn", dsn, problem)
+    elif dsn is None or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
         r.fail(f"{where}.dsn", dsn, "a postgres store needs dsn = 'postgresql://...'")
     table = r.string(t, "table", f"{where}.table")
     key_column = r.string(t, "key_column", f"{where}.key_column")
@@ -384,7 +395,7 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
         r.fail(f"{where}.pool_min", pool_min, f"exceeds pool_max ({pool_max})")
     return StoreConfig(
         name,
-        "postgres",
+        cast(Literal["postgres", "mysql"], kind),
         cast(Fencing, fencing),
         dsn=dsn,
         schema=r.string(t, "schema", f"{where}.schema") or "public",
@@ -441,6 +452,25 @@ def _parse_s3(r: Reader, name: str, t: Mapping[str, Any], fencing: Fencing) -> S
         access_key_id=key_id,
         secret_access_key=secret,
     )
+
+
+def _mysql_dsn_problem(dsn: str | None) -> str | None:
+    """What is wrong with a mysql store's DSN (None when nothing is)."""
+    needs = "a mysql store needs dsn = 'mysql://user:pass@host:3306/database'"
+    if dsn is None:
+        return needs
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018  # raises ValueError for a bad port
+    except ValueError as exc:
+        return f"{needs} ({exc})"
+    if parts.scheme != "mysql" or not parts.hostname:
+        return needs
+    if not parts.path.strip("/") or "/" in parts.path.strip("/"):
+        return f"{needs}: it names no database"
+    if parts.query or parts.fragment:
+        return "a mysql dsn takes no ?options or #fragment"
+    return None
 
 
 def _parse_auth(r: Reader, t: Mapping[str, Any]) -> tuple[ApiKey, ...]:

@@ -20,6 +20,8 @@ from storage_adapters.errors import (
     TokenNotIssued,
 )
 from storage_adapters.files import FileStore
+from storage_adapters.mysql import MysqlStore
+from storage_adapters.mysql_legacy import MysqlLegacyStore
 from storage_adapters.postgres import PostgresStore
 from storage_adapters.postgres_legacy import PostgresLegacyStore
 
@@ -30,6 +32,8 @@ __all__ = [
     "BadValue",
     "FencedStore",
     "FileStore",
+    "MysqlLegacyStore",
+    "MysqlStore",
     "NoHooks",
     "NotFound",
     "PostgresLegacyStore",

@@ -124,7 +124,7 @@ class FencedStore(ABC):
     """A storage that applies a write only if its fencing token is not stale."""
 
     kind: ClassVar[str]
-    """``postgres``, ``postgres_legacy``, ``files`` or ``s3``."""
+    """``postgres``, ``postgres_legacy``, ``mysql``, ``mysql_legacy``, ``files`` or ``s3``."""
     per_key_scope: ClassVar[bool] = False
     """True: the fence scope is always the key's own lock; ``X-Fencing-Lock`` is refused."""
 

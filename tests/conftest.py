@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests._servers import RedisNode
 
 PG_DSN = os.environ.get("FENCEGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_DSN = os.environ.get("FENCEGATE_TEST_MYSQL_DSN", "mysql://root@127.0.0.1:3306/test")
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +82,40 @@ async def pg_schema() -> AsyncIterator[str]:
 @pytest.fixture
 def pg_dsn() -> str:
     return PG_DSN
+
+
+@pytest.fixture
+async def mysql_dsn() -> AsyncIterator[str]:
+    """A DSN of a database of this test's own on the running MySQL/MariaDB, dropped afterwards.
+
+    ``FENCEGATE_TEST_MYSQL_DSN`` names the server and an account that may create databases.
+    """
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    database = f"fencegate_test_{uuid.uuid4().hex[:12]}"
+    admin = await mysql_connect(MYSQL_DSN)
+    try:
+        async with admin.cursor() as cur:
+            await cur.execute(f"CREATE DATABASE `{database}`")
+        yield urlunsplit(urlsplit(MYSQL_DSN)._replace(path=f"/{database}"))
+        async with admin.cursor() as cur:
+            await cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+    finally:
+        admin.close()
+
+
+async def mysql_connect(dsn: str) -> Any:
+    """A plain autocommit asyncmy connection, for setup and inspection."""
+    import asyncmy
+
+    from storage_adapters._mysql import parse_dsn
+
+    d = parse_dsn(dsn)
+    return await asyncmy.connect(
+        host=d.host, port=d.port, user=d.user, password=d.password, database=d.database,
+        autocommit=True, charset="utf8mb4",
+    )  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

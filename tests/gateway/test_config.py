@@ -134,6 +134,21 @@ def test_extra_knobs() -> None:
     )
 
 
+def test_mysql_stores_parse() -> None:
+    config = parse_config({"stores": {
+        "kv": {"type": "mysql", "dsn": "mysql://fg:secret@127.0.0.1:3306/app", "pool_max": 4},
+        "accounts": {"type": "mysql", "dsn": "mysql://fg@db/app", "table": "accounts",
+                     "key_column": "id", "columns": ["balance"], "command_timeout_ms": 2000},
+    }})  # fmt: skip
+    kv, accounts = config.stores["kv"], config.stores["accounts"]
+    assert (kv.type, kv.pool_max, kv.table) == ("mysql", 4, None)
+    assert (accounts.type, accounts.table, accounts.columns) == ("mysql", "accounts", ("balance",))
+    assert accounts.command_timeout == 2.0
+    assert "secret" not in kv.describe()
+    assert kv.describe().startswith("store 'kv': mysql key-value at mysql://fg:***@127.0.0.1")
+    assert "mysql table accounts (id; balance)" in accounts.describe()
+
+
 @pytest.mark.parametrize(
     ("raw", "names"),
     [
@@ -156,7 +171,21 @@ def test_extra_knobs() -> None:
         ({"request_timeout_ms": 1000}, ["'request_timeout_ms'", "max_wait_ms"]),
         ({"max_body_bytes": -1}, ["'max_body_bytes'", "-1"]),
         ({"allow_remote": "yes"}, ["'allow_remote'", "true or false"]),
-        ({"stores": {"kv": {"type": "mysql"}}}, ["'stores.kv.type'", "'mysql'"]),
+        ({"stores": {"kv": {"type": "mongodb"}}}, ["'stores.kv.type'", "'mongodb'"]),
+        ({"stores": {"kv": {"type": "mysql"}}}, ["'stores.kv.dsn'", "mysql://"]),
+        ({"stores": {"kv": {"type": "mysql", "dsn": "postgresql://h/d"}}},
+         ["'stores.kv.dsn'", "mysql://"]),
+        ({"stores": {"kv": {"type": "mysql", "dsn": "mysql://u:hunter2@h"}}},
+         ["'stores.kv.dsn'", "***", "no database"]),
+        ({"stores": {"kv": {"type": "mysql", "dsn": "mysql://h:70000/d"}}}, ["'stores.kv.dsn'"]),
+        ({"stores": {"kv": {"type": "mysql", "dsn": "mysql://h/d?ssl=1"}}},
+         ["'stores.kv.dsn'", "options"]),
+        ({"stores": {"kv": {"type": "mysql", "dsn": "mysql://h/d", "schema": "s"}}},
+         ["'stores.kv.schema'", "database"]),
+        ({"stores": {"kv": {"type": "mysql", "dsn": "mysql://h/d", "table": "t"}}},
+         ["'stores.kv.key_column'"]),
+        ({"stores": {"kv": {"type": "files", "root": "/x", "pool_max": 3}}},
+         ["'stores.kv.pool_max'", "'mysql'"]),
         ({"stores": {"kv": {"dsn": "postgresql://x/y"}}}, ["'stores.kv.type'", "is not set"]),
         ({"stores": {"kv": {"type": "postgres"}}}, ["'stores.kv.dsn'", "dsn"]),
         ({"stores": {"kv": {"type": "postgres", "dsn": "mysql://u:hunter2@h/d"}}},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -100,3 +101,69 @@ def test_check_config_rejects_a_garbage_certificate(
     path.write_text(tls_config(cert, key))
     assert main(["check-config", str(path)]) == 0
     assert capsys.readouterr().out.startswith(f"ok: {path}")
+
+
+def mysql_config(dsn: str, **store: object) -> str:
+    lines = [
+        f'listen = "127.0.0.1:{free_port()}"',
+        "[stores.db]",
+        'type = "mysql"',
+        f'dsn = "{dsn}"',
+    ]
+    for key, value in store.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("store", "needles"),
+    [
+        ({}, ["store 'db' could not start", "Access denied", "1045"]),
+        ({"table": "nope", "key_column": "id", "columns": ["v"]}, ["nope' does not exist"]),
+        ({"table": "t", "key_column": "id", "columns": ["v", "gone"]},
+         ["column 'gone' does not exist"]),
+    ],
+)  # fmt: skip
+def test_mysql_store_misconfigured(
+    tmp_path: Path, mysql_dsn: str, store: dict[str, object], needles: list[str]
+) -> None:
+    dsn = mysql_dsn
+    if not store:  # wrong credentials
+        dsn = mysql_dsn.replace("mysql://root@", "mysql://fencegate_nobody:hunter2@")
+    else:
+        subprocess.run(
+            [sys.executable, "-c", CREATE_T, mysql_dsn], check=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    result = serve(tmp_path, config=mysql_config(dsn, **store))
+    assert_one_clear_line(result, *needles)
+    assert "hunter2" not in result.stderr
+
+
+CREATE_T = """
+import asyncio, sys
+from tests.conftest import mysql_connect
+async def main():
+    conn = await mysql_connect(sys.argv[1])
+    async with conn.cursor() as cur:
+        await cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+    conn.close()
+asyncio.run(main())
+"""
+
+
+def test_mysql_store_unreachable_with_strict_start(tmp_path: Path) -> None:
+    dsn = f"mysql://root@127.0.0.1:{free_port()}/test"
+    result = serve(tmp_path, "--strict-start", config=mysql_config(dsn))
+    assert_one_clear_line(result, "store 'db' could not start", "strict_start")
+
+
+def test_an_unknown_store_type(tmp_path: Path) -> None:
+    config = f'listen = "127.0.0.1:{free_port()}"\n[stores.db]\ntype = "mongodb"\n'
+    result = serve(tmp_path, config=config)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "'stores.db.type'" in lines[0]
+    assert "'mongodb'" in lines[0]

@@ -13,6 +13,8 @@ import pytest
 from storage_adapters import (
     FencedStore,
     FileStore,
+    MysqlLegacyStore,
+    MysqlStore,
     PostgresLegacyStore,
     PostgresStore,
     Record,
@@ -20,8 +22,9 @@ from storage_adapters import (
 )
 from storage_adapters.base import NO_HOOKS, StoreHooks
 from tests._s3_server import CREDENTIALS, MotoServer
+from tests.conftest import mysql_connect
 
-KINDS = ["postgres", "postgres_legacy", "files"]
+KINDS = ["postgres", "postgres_legacy", "mysql", "mysql_legacy", "files"]
 
 
 @dataclass
@@ -49,12 +52,12 @@ class Backend:
 
     def body(self, n: int) -> bytes:
         """The body that stores the number n (a JSON object for a legacy table)."""
-        if self.kind == "postgres_legacy":
+        if self.kind.endswith("_legacy"):
             return json.dumps({"v": n}).encode()
         return str(n).encode()
 
     def value(self, record: Record) -> int:
-        if self.kind == "postgres_legacy":
+        if self.kind.endswith("_legacy"):
             return int(json.loads(record.body)["v"])
         return int(record.body)
 
@@ -75,11 +78,45 @@ async def create_accounts(dsn: str, schema: str) -> None:
         await conn.close()
 
 
+async def create_mysql_accounts(dsn: str) -> None:
+    conn = await mysql_connect(dsn)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(
+                "CREATE TABLE accounts (id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin"
+                " PRIMARY KEY, v BIGINT, note TEXT, balance DECIMAL(12,2), opened DATE)"
+                " ENGINE=InnoDB"
+            )
+    finally:
+        conn.close()
+
+
 @pytest.fixture(params=KINDS)
 async def backend(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, pg_schema: str
+    request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, pg_schema: str, mysql_dsn: str
 ) -> Backend:
     kind: str = request.param
+    if kind == "mysql":
+
+        def make_mysql(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
+            return MysqlStore("kv", mysql_dsn, pool_max=4, hooks=hooks)
+
+        return Backend(kind, make_mysql)
+    if kind == "mysql_legacy":
+        await create_mysql_accounts(mysql_dsn)
+
+        def make_mysql_legacy(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
+            return MysqlLegacyStore(
+                "accounts",
+                mysql_dsn,
+                table="accounts",
+                key_column="id",
+                columns=["v", "note", "balance", "opened"],
+                pool_max=4,
+                hooks=hooks,
+            )
+
+        return Backend(kind, make_mysql_legacy)
     settings = pg_settings(pg_schema)
     if kind == "postgres":
 

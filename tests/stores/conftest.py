@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from gateway.app import create_app
 from gateway.config import Config, parse_config
 from tests.campaign.proxy import FaultProxy
+from tests.conftest import mysql_connect
 
 Client = TestClient[web.Request, web.Application]
 
@@ -145,6 +146,42 @@ async def postgres_legacy(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[
         )  # fmt: skip
 
 
+# -- MySQL / MariaDB ----------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def mysql_kv(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    async with proxied(res["mysql_dsn"]) as (via, proxy):
+        section = {"type": "mysql", "dsn": via, "acquire_timeout_ms": 2000}
+        yield Subject("mysql_kv", section, **_proxy_switch(proxy))
+
+
+MYSQL_ACCOUNTS = (
+    "id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY,"
+    " balance DECIMAL(12,2) NOT NULL DEFAULT 0, note LONGTEXT"
+)
+
+
+@asynccontextmanager
+async def mysql_legacy(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    dsn = res["mysql_dsn"]
+    conn = await mysql_connect(dsn)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(f"CREATE TABLE accounts ({MYSQL_ACCOUNTS}) ENGINE=InnoDB")
+    finally:
+        conn.close()
+    async with proxied(dsn) as (via, proxy):
+        section = {
+            "type": "mysql", "dsn": via, "acquire_timeout_ms": 2000,
+            "table": "accounts", "key_column": "id", "columns": ["balance", "note"],
+        }  # fmt: skip
+        yield Subject(
+            "mysql_legacy", section, legacy=True, bad_bodies=LEGACY_BAD_BODIES,
+            **_proxy_switch(proxy),
+        )  # fmt: skip
+
+
 # -- files --------------------------------------------------------------------------------------
 
 
@@ -167,6 +204,8 @@ async def files(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
 STORE_TYPES: dict[str, StoreType] = {
     "postgres_kv": StoreType(("pg_dsn", "pg_schema"), postgres_kv),
     "postgres_legacy": StoreType(("pg_dsn", "pg_schema"), postgres_legacy),
+    "mysql_kv": StoreType(("mysql_dsn",), mysql_kv),
+    "mysql_legacy": StoreType(("mysql_dsn",), mysql_legacy),
     "files": StoreType((), files),
 }
 

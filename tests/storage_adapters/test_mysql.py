@@ -1,0 +1,305 @@
+"""MysqlStore and MysqlLegacyStore internals: row locks, the catalog check, values, DSNs.
+
+The routes and codes every store shares are in tests/stores; here is what is
+MySQL's own, over the real server (``FENCEGATE_TEST_MYSQL_DSN``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from storage_adapters import (
+    BadValue,
+    MysqlLegacyStore,
+    MysqlStore,
+    NotFound,
+    StaleToken,
+    StorageError,
+    StorageUnavailable,
+    TableMismatch,
+)
+from storage_adapters._mysql import parse_dsn, quote_ident, scope_sha
+from tests._servers import free_port
+from tests.conftest import mysql_connect
+
+
+async def sql(dsn: str, *statements: str) -> None:
+    conn = await mysql_connect(dsn)
+    try:
+        async with conn.cursor() as cur:
+            for statement in statements:
+                await cur.execute(statement)
+    finally:
+        conn.close()
+
+
+ACCOUNTS = (
+    "CREATE TABLE accounts (id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY,"
+    " v BIGINT, note VARCHAR(8), balance DECIMAL(12,2), opened DATE) ENGINE=InnoDB"
+)
+
+
+def legacy(
+    dsn: str, *, table: str = "accounts", key_column: str = "id",
+    columns: Sequence[str] = ("v", "note", "balance", "opened"),
+) -> MysqlLegacyStore:  # fmt: skip
+    return MysqlLegacyStore(
+        "accounts", dsn, table=table, key_column=key_column, columns=columns, pool_max=2
+    )
+
+
+@pytest.fixture
+async def accounts(mysql_dsn: str) -> AsyncIterator[MysqlLegacyStore]:
+    await sql(mysql_dsn, ACCOUNTS)
+    async with legacy(mysql_dsn) as store:
+        yield store
+
+
+@pytest.fixture
+async def kv(mysql_dsn: str) -> AsyncIterator[MysqlStore]:
+    async with MysqlStore("kv", mysql_dsn, pool_max=4) as store:
+        yield store
+
+
+# -- row locks ------------------------------------------------------------------------------
+
+
+async def holding_the_fence(dsn: str, scope: str, token: int, *statements: str) -> Any:
+    """Another writer inside its transaction: the mark raised to ``token``, not committed."""
+    conn = await mysql_connect(dsn)
+    async with conn.cursor() as cur:
+        await cur.execute("BEGIN")
+        await cur.execute(
+            "INSERT INTO fencegate_fence VALUES (%s, %s, %s, NOW(6))"
+            " ON DUPLICATE KEY UPDATE token = %s",
+            (scope_sha(scope), scope, token, token),
+        )
+        for statement in statements:
+            await cur.execute(statement)
+    return conn
+
+
+async def test_write_that_waited_for_the_fence_row_is_checked_against_the_committed_mark(
+    kv: MysqlStore, mysql_dsn: str
+) -> None:
+    await kv.put("s", "k", 5, b"five")
+    other = await holding_the_fence(
+        mysql_dsn, "s", 6, "UPDATE fencegate_kv SET value = 'six', token = 6 WHERE `key` = 'k'"
+    )
+    late = asyncio.create_task(kv.put("s", "k", 5, b"five again"))
+    await asyncio.sleep(0.5)
+    assert not late.done()  # queued behind the other writer of the scope
+    await other.commit()
+    other.close()
+    with pytest.raises(StaleToken) as caught:
+        await late
+    assert caught.value.high_water == 6
+    record = await kv.get("s", "k", None)
+    assert (record.body, record.token) == (b"six", 6)
+
+
+async def test_fenced_read_that_waited_for_a_write_returns_that_write(
+    kv: MysqlStore, mysql_dsn: str
+) -> None:
+    """REPEATABLE READ (the server default) must not hand the reader an older snapshot."""
+    await kv.put("s", "k", 5, b"five")
+    other = await holding_the_fence(
+        mysql_dsn, "s", 6, "UPDATE fencegate_kv SET value = 'six', token = 6 WHERE `key` = 'k'"
+    )
+    read = asyncio.create_task(kv.get("s", "k", 7))
+    await asyncio.sleep(0.5)
+    assert not read.done()
+    await other.commit()
+    other.close()
+    record = await read
+    assert (record.body, record.token) == (b"six", 6)
+    with pytest.raises(StaleToken):
+        await kv.put("s", "k", 6, b"lost update")
+
+
+async def test_writers_of_one_key_under_two_scopes_both_land(kv: MysqlStore) -> None:
+    """Two scopes can insert one missing key at once; a deadlock victim runs again."""
+    for round_ in range(10):
+        key = f"new/{round_}"
+        await asyncio.gather(
+            kv.put("scope-a", key, 1 + round_, b"a"), kv.put("scope-b", key, 1 + round_, b"b")
+        )
+        assert (await kv.get("x", key, None)).body in (b"a", b"b")
+
+
+async def test_keys_compare_byte_for_byte(kv: MysqlStore) -> None:
+    await kv.put("s", "Key", 1, b"upper")
+    await kv.put("s", "key", 1, b"lower")
+    assert (await kv.get("s", "Key", None)).body == b"upper"
+    assert (await kv.get("s", "key", None)).body == b"lower"
+
+
+async def test_commands_on_a_hung_server_time_out_as_unavailable(mysql_dsn: str) -> None:
+    """A stalled connection (lock wait past command_timeout) is 503, and the pool recovers."""
+    async with MysqlStore("kv", mysql_dsn, command_timeout=1.0) as kv:
+        await kv.put("s", "k", 1, b"one")
+        other = await holding_the_fence(mysql_dsn, "s", 2)
+        with pytest.raises(StorageUnavailable):
+            await kv.put("s", "k", 2, b"two")
+        await other.rollback()
+        other.close()
+        await kv.put("s", "k", 2, b"two")
+        assert (await kv.get("s", "k", None)).body == b"two"
+
+
+# -- the catalog -------------------------------------------------------------------------------
+
+
+async def test_missing_table_is_named(mysql_dsn: str) -> None:
+    with pytest.raises(TableMismatch, match="does not exist"):
+        await legacy(mysql_dsn, table="nope").start()
+
+
+async def test_every_missing_column_is_named(mysql_dsn: str) -> None:
+    await sql(mysql_dsn, ACCOUNTS)
+    with pytest.raises(TableMismatch) as caught:
+        await legacy(mysql_dsn, key_column="ident", columns=["v", "nope", "gone"]).start()
+    text = str(caught.value)
+    for name in ("'ident'", "'nope'", "'gone'"):
+        assert name in text
+
+
+@pytest.mark.parametrize(
+    ("ddl", "columns", "problem"),
+    [
+        ("CREATE TABLE t (id VARCHAR(9), v INT) ENGINE=InnoDB", ["v"], "no single-column unique"),
+        ("CREATE TABLE t (id VARCHAR(9), w INT, v INT, UNIQUE (id, w)) ENGINE=InnoDB", ["v"],
+         "no single-column unique"),
+        ("CREATE TABLE t (id TEXT, v INT, UNIQUE (id(10))) ENGINE=InnoDB", ["v"],
+         "no single-column unique"),
+        ("CREATE TABLE t (id DATE PRIMARY KEY, v INT) ENGINE=InnoDB", ["v"], "is date"),
+        ("CREATE TABLE t (id INT PRIMARY KEY, v INT, g INT AS (v + 1)) ENGINE=InnoDB", ["g"],
+         "generated"),
+        ("CREATE TABLE t (id INT PRIMARY KEY, v INT) ENGINE=MyISAM", ["v"], "only InnoDB"),
+        ("CREATE VIEW t AS SELECT 1 AS id, 2 AS v", ["v"], "is not a table"),
+    ],
+)  # fmt: skip
+async def test_tables_fencegate_cannot_protect_are_refused(
+    mysql_dsn: str, ddl: str, columns: list[str], problem: str
+) -> None:
+    await sql(mysql_dsn, ddl)
+    with pytest.raises(TableMismatch, match=problem):
+        await legacy(mysql_dsn, table="t", columns=columns).start()
+
+
+async def test_odd_identifiers_are_quoted(mysql_dsn: str) -> None:
+    await sql(
+        mysql_dsn,
+        "CREATE TABLE `we``ird tab` (`the key` INT PRIMARY KEY, `a``b` TEXT, `select` INT)"
+        " ENGINE=InnoDB",
+    )
+    async with legacy(
+        mysql_dsn, table="we`ird tab", key_column="the key", columns=["a`b", "select"]
+    ) as store:
+        await store.put("s", "7", 1, json.dumps({"a`b": "x", "select": 3}).encode())
+        row = json.loads((await store.get("s", "7", None)).body)
+    assert row == {"the key": 7, "a`b": "x", "select": 3}
+    assert quote_ident("a`b") == "`a``b`"
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+async def test_a_value_the_column_refuses_writes_nothing_not_even_the_mark(
+    accounts: MysqlLegacyStore,
+) -> None:
+    await accounts.put("s", "a1", 1, b'{"note": "ok", "balance": "1.50"}')
+    for body in (b'{"balance": "abc"}', b'{"note": "longer than eight"}', b'{"opened": "x"}',
+                 b'{"v": 1e400}', b'{"v": NaN}'):  # fmt: skip
+        with pytest.raises(BadValue):
+            await accounts.put("s", "a1", 9, body)
+    # the refused writes did not raise the mark: token 2 still writes
+    await accounts.put("s", "a1", 2, b'{"v": 5}')
+    row = json.loads((await accounts.get("s", "a1", None)).body)
+    assert row == {"id": "a1", "v": 5, "note": "ok", "balance": 1.5, "opened": None}
+
+
+async def test_only_the_columns_in_the_body_are_written(accounts: MysqlLegacyStore) -> None:
+    await accounts.put("s", "a1", 1, b'{"v": 1, "note": "one", "opened": "2024-02-29"}')
+    await accounts.put("s", "a1", 1, b'{"note": null}')
+    await accounts.put("s", "a2", 1, b"{}")
+    one = json.loads((await accounts.get("s", "a1", None)).body)
+    assert one == {"id": "a1", "v": 1, "note": None, "balance": None, "opened": "2024-02-29"}
+    assert json.loads((await accounts.get("s", "a2", None)).body)["v"] is None
+
+
+async def test_integer_key_column(mysql_dsn: str) -> None:
+    await sql(mysql_dsn, "CREATE TABLE n (id BIGINT PRIMARY KEY, v INT) ENGINE=InnoDB")
+    async with legacy(mysql_dsn, table="n", columns=["v"]) as store:
+        await store.put("s", "42", 1, b'{"v": 1}')
+        assert json.loads((await store.get("s", "42", None)).body) == {"id": 42, "v": 1}
+        for key in ("abc", "4.2", "1e3", "0x10"):
+            with pytest.raises(BadValue, match="not an integer"):
+                await store.put("s", key, 1, b'{"v": 2}')
+            with pytest.raises(BadValue):
+                await store.get("s", key, None)
+        with pytest.raises(NotFound):
+            await store.get("s", "0", None)  # "abc" was never stored as 0
+
+
+async def test_rows_written_outside_fencegate_have_no_token(
+    accounts: MysqlLegacyStore, mysql_dsn: str
+) -> None:
+    await sql(mysql_dsn, "INSERT INTO accounts (id, v) VALUES ('ext', 3)")
+    record = await accounts.get("s", "ext", None)
+    assert record.token is None
+    assert json.loads(record.body)["v"] == 3
+    await accounts.delete("s", "ext", 4)
+    with pytest.raises(NotFound):
+        await accounts.get("s", "ext", None)
+
+
+# -- configuration and reachability ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dsn", "problem"),
+    [
+        ("postgresql://u@h/db", "not a mysql://"),
+        ("mysql://u@h", "names no database"),
+        ("mysql://u@h/a/b", "names no database"),
+        ("mysql://u@h:99999/db", "not a mysql://"),
+        ("mysql://u@h/db?ssl=1", r"takes no \?options"),
+    ],
+)
+def test_bad_dsns_are_refused_at_construction(dsn: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        MysqlStore("kv", dsn)
+
+
+def test_dsn_parts_are_unquoted() -> None:
+    d = parse_dsn("mysql://us%40er:p%3Ass@127.0.0.1:3307/my%20db")
+    assert (d.user, d.password, d.host, d.port, d.database) == (
+        "us@er", "p:ss", "127.0.0.1", 3307, "my db",
+    )  # fmt: skip
+
+
+async def test_unreachable_server_is_storage_unavailable() -> None:
+    store = MysqlStore("kv", f"mysql://root@127.0.0.1:{free_port()}/test", connect_timeout=2)
+    with pytest.raises(StorageUnavailable):
+        await store.start()
+
+
+async def test_wrong_credentials_are_a_configuration_error(mysql_dsn: str) -> None:
+    dsn = mysql_dsn.replace("mysql://root@", "mysql://fencegate_nobody:wrong@")
+    with pytest.raises(StorageError, match="1045") as caught:
+        await MysqlStore("kv", dsn).start()
+    assert not isinstance(caught.value, StorageUnavailable)
+    assert "wrong" not in str(caught.value)
+
+
+async def test_a_missing_database_is_a_configuration_error(mysql_dsn: str) -> None:
+    dsn = mysql_dsn.rsplit("/", 1)[0] + "/fencegate_no_such_db"
+    with pytest.raises(StorageError, match="1049") as caught:
+        await MysqlStore("kv", dsn).start()
+    assert not isinstance(caught.value, StorageUnavailable)
