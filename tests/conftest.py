@@ -105,6 +105,15 @@ async def mysql_dsn() -> AsyncIterator[str]:
         admin.close()
 
 
+def with_credentials(dsn: str, user: str, password: str) -> str:
+    """``dsn`` with another user and password (for wrong-credential tests)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
 async def mysql_connect(dsn: str) -> Any:
     """A plain autocommit asyncmy connection, for setup and inspection."""
     import asyncmy

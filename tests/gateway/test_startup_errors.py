@@ -14,6 +14,7 @@ import pytest
 
 from gateway.cli import main
 from tests._servers import free_port
+from tests.conftest import with_credentials
 from tests.gateway._tls import make_cert
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +130,7 @@ def test_mysql_store_misconfigured(
 ) -> None:
     dsn = mysql_dsn
     if not store:  # wrong credentials
-        dsn = mysql_dsn.replace("mysql://root@", "mysql://fencegate_nobody:hunter2@")
+        dsn = with_credentials(mysql_dsn, "fencegate_nobody", "hunter2")
     else:
         subprocess.run(
             [sys.executable, "-c", CREATE_T, mysql_dsn], check=True, timeout=60,

@@ -25,7 +25,7 @@ from storage_adapters import (
 )
 from storage_adapters._mysql import parse_dsn, quote_ident, scope_sha
 from tests._servers import free_port
-from tests.conftest import mysql_connect
+from tests.conftest import mysql_connect, with_credentials
 
 
 async def sql(dsn: str, *statements: str) -> None:
@@ -291,7 +291,7 @@ async def test_unreachable_server_is_storage_unavailable() -> None:
 
 
 async def test_wrong_credentials_are_a_configuration_error(mysql_dsn: str) -> None:
-    dsn = mysql_dsn.replace("mysql://root@", "mysql://fencegate_nobody:wrong@")
+    dsn = with_credentials(mysql_dsn, "fencegate_nobody", "wrong")
     with pytest.raises(StorageError, match="1045") as caught:
         await MysqlStore("kv", dsn).start()
     assert not isinstance(caught.value, StorageUnavailable)
