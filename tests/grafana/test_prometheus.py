@@ -1,9 +1,10 @@
 """A real Prometheus scrapes a real gateway under load; every dashboard and alert query has data.
 
 One scenario for the module (about 15 s): three ``redis-server`` nodes, a
-``python -m gateway serve`` process with a files store and a PostgreSQL
-store (a throw-away schema), and Prometheus scraping it every second with
-``grafana/prometheus/alerts.yml`` loaded. The load, bounded in time and count:
+``python -m gateway serve`` process with a files store, a PostgreSQL store
+(a throw-away schema) and a MySQL store (a throw-away database), and
+Prometheus scraping it every second with ``grafana/prometheus/alerts.yml``
+loaded. The load, bounded in time and count:
 
 1. contention: 12 clients on 4 hot locks, each grant followed by a fenced
    write, a renewal and a release; some clients do not wait (409 lock_held);
@@ -33,13 +34,14 @@ from collections import Counter
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 import pytest
 
 from tests._servers import RedisNode
-from tests.conftest import PG_DSN
+from tests.conftest import MYSQL_DSN, PG_DSN, mysql_connect
 from tests.grafana._assets import (
     ALERTS,
     NO_PROMETHEUS,
@@ -103,6 +105,19 @@ async def _schema(action: str, schema: str) -> None:
         await conn.close()
 
 
+async def _database(action: str, database: str) -> None:
+    conn = await mysql_connect(MYSQL_DSN)
+    try:
+        async with conn.cursor() as cur:
+            verb = "CREATE DATABASE" if action == "create" else "DROP DATABASE IF EXISTS"
+            await cur.execute(f"{verb} `{database}`")
+    finally:
+        conn.close()
+
+
+STORES = ("files", "kv", "my")
+
+
 # the load
 class Load:
     def __init__(self, http: aiohttp.ClientSession) -> None:
@@ -143,7 +158,7 @@ class Load:
 
         async def client(i: int) -> None:
             rnd = random.Random(i)
-            store = ("files", "kv")[i % 2]
+            store = STORES[i % len(STORES)]
             for _ in range(400):
                 if loop.time() >= end:
                     return
@@ -202,7 +217,7 @@ async def _drive(url: str, nodes: list[RedisNode]) -> Counter[str]:
     async with aiohttp.ClientSession(base_url=url, timeout=timeout) as http:
         load = Load(http)
         await load.contention(4.0)
-        for store in ("files", "kv"):
+        for store in STORES:
             await load.refused_writes(store)
         await asyncio.gather(*(load.lost_lease(i) for i in range(LOST_LEASES)))
         nodes[2].kill()
@@ -221,6 +236,8 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     gateway: GatewayProcess | None = None
     prometheus: PrometheusProcess | None = None
     _in_thread(_schema("create", schema), 30)
+    _in_thread(_database("create", schema), 30)
+    my_dsn = urlunsplit(urlsplit(MYSQL_DSN)._replace(path=f"/{schema}"))
     try:
         for node in nodes:
             node.start()
@@ -240,6 +257,9 @@ root = "{base / "files"}"
 type = "postgres"
 dsn = "{PG_DSN}"
 schema = "{schema}"
+[stores.my]
+type = "mysql"
+dsn = "{my_dsn}"
 """,
         )
         gateway.start()
@@ -261,6 +281,7 @@ schema = "{schema}"
         for node in nodes:
             node.stop()
         _in_thread(_schema("drop", schema), 30)
+        _in_thread(_database("drop", schema), 30)
 
 
 def _wait_scraped(prometheus: PrometheusProcess, *, after: float, limit: float = 20.0) -> None:
@@ -278,7 +299,7 @@ def test_the_load_did_what_it_says(observed: Observed) -> None:
     s = observed.statuses
     assert s["acquire 200"] > 50, s
     assert s["acquire 409"] > 0, s
-    for store in ("files", "kv"):
+    for store in STORES:
         assert s[f"put {store} 200"] > 10, s
         assert s[f"put {store} 409"] == STALE_WRITES, s
         assert s[f"put {store} 403"] == STALE_WRITES, s
@@ -298,6 +319,22 @@ def test_prometheus_scrapes_the_gateway(observed: Observed) -> None:
 def test_dashboard_expression_returns_data(observed: Observed, target: Target) -> None:
     result = observed.prometheus.query(target.promql)
     assert result, f"{target.row} / {target.id}: empty vector for {target.promql}"
+
+
+@pytest.mark.parametrize(
+    "target", [t for t in targets() if "by (store" in t.promql], ids=lambda t: t.id
+)
+def test_per_store_panels_show_every_store(observed: Observed, target: Target) -> None:
+    """Write latency, writes and rejections by store: a series with data for each store type.
+
+    Every store's series exist at 0 from the start, so the check is that each one moved.
+    """
+    moved = {
+        sample["metric"].get("store")
+        for sample in observed.prometheus.query(target.promql)
+        if float(sample["value"][1]) > 0  # NaN (a quantile of no data) is not > 0
+    }
+    assert moved >= set(STORES), f"{target.row} / {target.id}: {moved} for {target.promql}"
 
 
 @pytest.mark.parametrize("variable", sorted(variable_queries()))
@@ -356,7 +393,7 @@ def test_each_event_of_the_load_is_seen_by_prometheus(observed: Observed) -> Non
             f'fencegate_redis_node_latency_seconds_count{{node="{_node(observed, 0)}"}}'
         ),
     }
-    for store in ("files", "kv"):
+    for store in STORES:
         for reason in ("stale_token", "token_not_issued", "token_required", "bad_token"):
             selector = f'fencegate_fencing_rejections_total{{store="{store}",reason="{reason}"}}'
             moved[f"{store} {reason}"] = inc(selector)

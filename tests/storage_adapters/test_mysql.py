@@ -124,7 +124,7 @@ async def test_fenced_read_that_waited_for_a_write_returns_that_write(
 
 async def test_writers_of_one_key_under_two_scopes_both_land(kv: MysqlStore) -> None:
     """Two scopes can insert one missing key at once; a deadlock victim runs again."""
-    for round_ in range(10):
+    for round_ in range(20):
         key = f"new/{round_}"
         await asyncio.gather(
             kv.put("scope-a", key, 1 + round_, b"a"), kv.put("scope-b", key, 1 + round_, b"b")
