@@ -29,8 +29,10 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.config import Config, parse_config
+from tests._s3_server import CREDENTIALS
 from tests.campaign.proxy import FaultProxy
 from tests.conftest import mysql_connect
+from tests.storage_adapters.conftest import s3_bucket, s3_server  # noqa: F401  # fixtures
 
 Client = TestClient[web.Request, web.Application]
 
@@ -182,6 +184,21 @@ async def mysql_legacy(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Sub
         )  # fmt: skip
 
 
+# -- S3-compatible object storage ---------------------------------------------------------------
+
+
+@asynccontextmanager
+async def s3(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    server, bucket = res["s3_server"], res["s3_bucket"]
+    async with proxied(server.endpoint) as (via, proxy):
+        section = {
+            "type": "s3", "bucket": bucket, "endpoint": via, "prefix": "data/",
+            "command_timeout_ms": 2000, **CREDENTIALS,
+        }  # fmt: skip
+        # per-key scope only: X-Fencing-Lock is refused with 400 (DESIGN.md "More stores")
+        yield Subject("s3", section, scopes=False, **_proxy_switch(proxy))
+
+
 # -- files --------------------------------------------------------------------------------------
 
 
@@ -206,6 +223,7 @@ STORE_TYPES: dict[str, StoreType] = {
     "postgres_legacy": StoreType(("pg_dsn", "pg_schema"), postgres_legacy),
     "mysql_kv": StoreType(("mysql_dsn",), mysql_kv),
     "mysql_legacy": StoreType(("mysql_dsn",), mysql_legacy),
+    "s3": StoreType(("s3_server", "s3_bucket"), s3),
     "files": StoreType((), files),
 }
 
