@@ -324,15 +324,19 @@ class MysqlStoreBase(FencedStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Any]:
-        """A cursor inside BEGIN ... COMMIT; any exception rolls back (the pool drops it)."""
+        """A cursor inside BEGIN ... COMMIT.
+
+        A refusal (stale token, bad value: the connection is fine) rolls back. After
+        anything else (cancelled, timed out, connection lost) the connection's protocol
+        state is unknown: ``_cursor`` closes it and the server rolls back.
+        """
         async with self._cursor() as cur:
             await cur.execute("BEGIN")
             try:
                 yield cur
-            except BaseException:
-                if cur.connection is not None and cur.connection.connected:
-                    with mysql_errors(self.name):
-                        await asyncio.shield(cur.connection.rollback())
+            except BaseException as exc:
+                if _server_error(exc):
+                    await cur.connection.rollback()
                 raise
             await cur.connection.commit()
 

@@ -303,3 +303,30 @@ async def test_a_missing_database_is_a_configuration_error(mysql_dsn: str) -> No
     with pytest.raises(StorageError, match="1049") as caught:
         await MysqlStore("kv", dsn).start()
     assert not isinstance(caught.value, StorageUnavailable)
+
+
+async def test_a_cancelled_write_leaves_no_lock_and_the_store_works(
+    kv: MysqlStore, mysql_dsn: str
+) -> None:
+    await kv.put("s", "k", 1, b"one")
+    other = await holding_the_fence(mysql_dsn, "s", 2)
+    waiting = asyncio.create_task(kv.put("s", "k", 3, b"three"))
+    await asyncio.sleep(0.3)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await other.rollback()
+    other.close()
+    # nothing of the cancelled write, and no lock of it left behind
+    async with asyncio.timeout(5):
+        assert (await kv.get("s", "k", None)).body == b"one"
+        await kv.put("s", "k", 2, b"two")
+        assert (await kv.get("s", "k", 2)).body == b"two"
+
+
+async def test_repeated_refusals_leave_the_store_working(kv: MysqlStore) -> None:
+    await kv.put("s", "k", 5, b"five")
+    for _ in range(12):  # more than the pool holds
+        with pytest.raises(StaleToken):
+            await kv.put("s", "k", 4, b"four")
+    assert (await kv.get("s", "k", 5)).body == b"five"
