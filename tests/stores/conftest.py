@@ -52,6 +52,8 @@ class Subject:
     """Honours ``X-Fencing-Lock``; a store that does not answers it 400."""
     bad_bodies: tuple[bytes, ...] = ()
     """Bodies the store refuses with 400 bad_request."""
+    server: bool = True
+    """Reached over the network: ``cut`` before start makes its server unreachable."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -215,7 +217,7 @@ async def files(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
     async def restore() -> None:
         os.rename(away, root)
 
-    yield Subject("files", {"type": "files", "root": str(root)}, cut, restore)
+    yield Subject("files", {"type": "files", "root": str(root)}, cut, restore, server=False)
 
 
 STORE_TYPES: dict[str, StoreType] = {

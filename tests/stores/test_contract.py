@@ -369,6 +369,28 @@ async def test_storage_outage_is_503_then_recovers_without_restart(
     assert (await client.get("/readyz")).status == 200
 
 
+async def test_a_store_unreachable_at_start_answers_503_until_it_is_reached(
+    start: Start, subject: Subject
+) -> None:
+    if not subject.server:
+        pytest.skip(f"{subject.type} has no server to be unreachable (a missing root is made)")
+    await subject.cut()
+    try:
+        client = await start(config_for(subject))  # starts: locks and other stores serve
+        grant = await take(client, f"{subject.name}/k")
+        await error(await put(client, subject, "k", "early", grant["token"]), 503,
+                    "storage_unavailable")  # fmt: skip
+        assert (await client.get("/readyz")).status == 503
+    finally:
+        await subject.restore()
+    deadline = time.monotonic() + 20  # the background retry backs off up to 5 s
+    while (response := await put(client, subject, "k", "v", grant["token"])).status != 200:
+        await error(response, 503, "storage_unavailable")
+        assert time.monotonic() < deadline, "the store did not start within 20 s"
+        await asyncio.sleep(0.2)
+    assert await value_of(client, subject, "k") == "v"
+
+
 # -- two gateway processes -----------------------------------------------------------------------
 
 
