@@ -695,6 +695,6 @@ async def test_increments_through_two_gateway_processes_lose_no_update(
             assert int(await r.read()) == accepted == 24
 
 
-def test_an_unknown_store_type_names_s3_among_the_types() -> None:
-    with pytest.raises(ConfigError, match="'postgres', 'files', 's3'"):
+def test_an_unknown_store_type_names_s3_and_mysql_among_the_types() -> None:
+    with pytest.raises(ConfigError, match="'postgres', 'mysql', 'files', 's3'"):
         parse_config({"stores": {"x": {"type": "dynamo"}}})
