@@ -113,10 +113,11 @@ class MysqlLegacyStore(MysqlStoreBase):
         self._get_sql = ""
 
     async def _prepare(self, cur: Any) -> None:
+        # The table first: a wrong configuration creates nothing in the database.
+        await self._check_catalog(cur)
         await ensure_tables(
             cur, {"fencegate_fence": FENCE_DDL, "fencegate_legacy_token": _TOKENS_DDL}
         )
-        await self._check_catalog(cur)
         pairs = ", ".join(
             f"%s, d.{quote_ident(c)}" for c in (self.key_column, *self.columns)
         )  # the names are bound values; the columns are checked identifiers

@@ -155,9 +155,16 @@ async def test_commands_on_a_hung_server_time_out_as_unavailable(mysql_dsn: str)
 # -- the catalog -------------------------------------------------------------------------------
 
 
-async def test_missing_table_is_named(mysql_dsn: str) -> None:
+async def test_missing_table_is_named_and_nothing_is_created(mysql_dsn: str) -> None:
     with pytest.raises(TableMismatch, match="does not exist"):
         await legacy(mysql_dsn, table="nope").start()
+    conn = await mysql_connect(mysql_dsn)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SHOW TABLES")
+            assert await cur.fetchall() in ((), [])
+    finally:
+        conn.close()
 
 
 async def test_every_missing_column_is_named(mysql_dsn: str) -> None:
