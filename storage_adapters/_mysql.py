@@ -267,13 +267,12 @@ class MysqlStoreBase(FencedStore):
                         ),
                     )
             try:
-                self._pool = pool
-                async with self._cursor(values=False) as cur:
+                async with self._cursor(values=False, pool=pool) as cur:
                     await self._prepare(cur)
             except BaseException:
-                self._pool = None
                 await asyncio.shield(self._close_pool(pool))
                 raise
+            self._pool = pool  # only now: calls before this answer StoreNotStarted
             log.info("store %r (%s) started", self.name, self.kind)
 
     async def close(self) -> None:
@@ -299,13 +298,13 @@ class MysqlStoreBase(FencedStore):
         """Create fencegate's tables and check the catalog, on one connection."""
 
     @asynccontextmanager
-    async def _cursor(self, *, values: bool = True) -> AsyncIterator[Any]:
+    async def _cursor(self, *, values: bool = True, pool: Any = None) -> AsyncIterator[Any]:
         """A cursor on a pooled connection (autocommit), errors inside translated.
 
         A connection that failed in any way (server error aside) is closed, not
         pooled again: after a timeout or a cut its protocol state is unknown.
         """
-        pool = self._pool
+        pool = pool or self._pool
         if pool is None:
             raise StoreNotStarted(self.name)
         with mysql_errors(self.name, values=values):
