@@ -23,6 +23,7 @@ unique index; an integer key in the URL must be a decimal integer.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from storage_adapters.base import NO_HOOKS, Record, StoreHooks
 from storage_adapters.errors import BadValue, NotFound, StoreNotStarted, TableMismatch
 
 __all__ = ["MysqlLegacyStore"]
+
+log = logging.getLogger(__name__)
 
 _JSON: Final = "application/json"
 _TOKENS_DDL: Final = (
@@ -145,11 +148,13 @@ class MysqlLegacyStore(MysqlStoreBase):
                 self.name, where, [f"engine {found[1]!r}: only InnoDB has row locks"]
             )
         await cur.execute(
-            "SELECT COLUMN_NAME, DATA_TYPE, EXTRA FROM information_schema.COLUMNS"
+            "SELECT COLUMN_NAME, DATA_TYPE, EXTRA, COLLATION_NAME FROM information_schema.COLUMNS"
             " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
             (self.table,),
         )
-        rows = {r[0]: (str(r[1]).lower(), str(r[2]).lower()) for r in await cur.fetchall()}
+        found_columns = await cur.fetchall()
+        rows = {r[0]: (str(r[1]).lower(), str(r[2]).lower()) for r in found_columns}
+        collations = {r[0]: str(r[3] or "") for r in found_columns}
         # Single-column unique indexes (and the primary key) on the full column.
         await cur.execute(
             "SELECT INDEX_NAME, MAX(COLUMN_NAME), MAX(SUB_PART) FROM information_schema.STATISTICS"
@@ -180,6 +185,16 @@ class MysqlLegacyStore(MysqlStoreBase):
             raise TableMismatch(self.name, where, problems)
         assert key is not None
         self._integer_key = key[0] in _INTEGER_TYPES
+        collation = collations.get(self.key_column, "")
+        if not self._integer_key and not collation.endswith("_bin"):
+            log.warning(
+                "store %r: key column %r has collation %r: keys that differ only in case or"
+                " trailing spaces name one row under two fence scopes; a _bin collation"
+                " (or X-Fencing-Lock on a coarser lock) avoids it",
+                self.name,
+                self.key_column,
+                collation,
+            )
 
     def _key_value(self, key: str) -> str | int:
         if not self._integer_key:

@@ -240,6 +240,22 @@ async def test_only_the_columns_in_the_body_are_written(accounts: MysqlLegacySto
     assert json.loads((await accounts.get("s", "a2", None)).body)["v"] is None
 
 
+async def test_a_case_insensitive_key_column_is_warned_about(
+    mysql_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await sql(mysql_dsn, "CREATE TABLE ci (id VARCHAR(9) COLLATE utf8mb4_general_ci PRIMARY KEY,"
+              " v INT) ENGINE=InnoDB")  # fmt: skip
+    async with legacy(mysql_dsn, table="ci", columns=["v"]):
+        pass
+    (warning,) = [r.getMessage() for r in caplog.records if "collation" in r.getMessage()]
+    assert "'utf8mb4_general_ci'" in warning
+    caplog.clear()
+    await sql(mysql_dsn, ACCOUNTS)  # ascii_bin: no warning
+    async with legacy(mysql_dsn):
+        pass
+    assert not [r for r in caplog.records if "collation" in r.getMessage()]
+
+
 async def test_integer_key_column(mysql_dsn: str) -> None:
     await sql(mysql_dsn, "CREATE TABLE n (id BIGINT PRIMARY KEY, v INT) ENGINE=InnoDB")
     async with legacy(mysql_dsn, table="n", columns=["v"]) as store:
