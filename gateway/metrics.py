@@ -300,11 +300,11 @@ class Metrics:
                 self.node_state_gauge.labels(node, state)
 
     # lockservice.LockEvents
-    def acquire_done(self, result: str, wait_seconds: float) -> None:
+    def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
         self._child(self.lock_acquisitions, result).inc()
         self._child(self.acquire_wait, result).observe(wait_seconds)
 
-    def waiting(self, delta: int) -> None:
+    def waiting(self, delta: int, *, kind: str = "exclusive") -> None:
         self.waiters.inc(delta)
 
     def released(self, hold_seconds: float, result: str) -> None:

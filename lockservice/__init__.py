@@ -1,6 +1,12 @@
 """Distributed locks with strictly increasing fencing tokens (Redlock over 1, 3 or 5 nodes)."""
 
-from lockservice.errors import LeaseLost, LockHeld, LockServiceError, QuorumUnavailable
+from lockservice.errors import (
+    LeaseLost,
+    LockHeld,
+    LockServiceError,
+    PermitsMismatch,
+    QuorumUnavailable,
+)
 from lockservice.events import LockEvents, NoEvents
 from lockservice.lease import Lease, LockInfo, validate_name
 from lockservice.manager import LockManager
@@ -14,6 +20,7 @@ __all__ = [
     "LockManager",
     "LockServiceError",
     "NoEvents",
+    "PermitsMismatch",
     "QuorumUnavailable",
     "validate_name",
 ]

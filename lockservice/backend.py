@@ -23,11 +23,16 @@ class Readiness:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One try at a lock: granted (``token > 0``) or not (``retry_after`` seconds hint)."""
+    """One try at a lock: granted (``token > 0``) or not (``retry_after`` seconds hint).
+
+    ``lease_id`` is set when the try's idempotency tag found a lease already
+    held with it: the attempt is that lease (its id, token and validity).
+    """
 
     token: int
     valid_until: float
     retry_after: float
+    lease_id: str = ""
 
 
 class Backend(Protocol):
@@ -41,12 +46,30 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
-    async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+    async def try_acquire(
+        self,
+        name: str,
+        lease_id: str,
+        ttl: float,
+        ticket: str,
+        *,
+        mode: str = "exclusive",
+        permits: int = 0,
+        tag: str = "",
+    ) -> Attempt:
         """One attempt; raises ``QuorumUnavailable`` when a majority cannot answer.
 
         ``ticket`` is empty for a try that will not wait, else the waiter's place
         in the queue of ``name`` (its arrival time), the same on every attempt.
+        ``mode``: ``"exclusive"``, ``"shared"`` or ``"semaphore"`` (``permits`` > 0).
+        ``tag``: an idempotency digest stored with the grant; a lease already held
+        with it is answered instead (``Attempt.lease_id``). Raises
+        ``PermitsMismatch`` when semaphore holders of other ``permits`` hold it.
         """
+        ...
+
+    async def find(self, name: str, tag: str) -> Attempt | None:
+        """The lease of ``name`` held with idempotency ``tag``, if any (``Attempt.lease_id``)."""
         ...
 
     async def settle(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["LeaseLost", "LockHeld", "LockServiceError", "QuorumUnavailable"]
+__all__ = ["LeaseLost", "LockHeld", "LockServiceError", "PermitsMismatch", "QuorumUnavailable"]
 
 
 class LockServiceError(Exception):
@@ -22,6 +22,19 @@ class LockHeld(LockServiceError):
         super().__init__(f"lock {name!r} is held by another lease; retry in {retry_after:.3f} s")
         self.name = name
         self.retry_after = retry_after
+
+
+class PermitsMismatch(LockServiceError):
+    """A semaphore was asked for with a number of permits its holders do not share."""
+
+    code = "permits_mismatch"
+
+    def __init__(self, name: str, permits: int, asked: int = 0) -> None:
+        wanted = f"; {asked} were asked for" if asked else ""
+        super().__init__(f"semaphore {name!r} is held with {permits} permits{wanted}")
+        self.name = name
+        self.permits = permits  # the holders'
+        self.asked = asked
 
 
 class LeaseLost(LockServiceError):

@@ -12,11 +12,12 @@ __all__ = ["ContentionObserver", "LockEvents", "NoEvents"]
 
 
 class LockEvents(Protocol):
-    def acquire_done(self, result: str, wait_seconds: float) -> None:
-        """An acquire ended: result is granted, held, quorum_unavailable or cancelled."""
+    def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
+        """An acquire ended: result is granted, held, quorum_unavailable,
+        permits_mismatch or cancelled; kind is exclusive, shared or semaphore."""
 
-    def waiting(self, delta: int) -> None:
-        """A task started (+1) or stopped (-1) waiting for a held lock."""
+    def waiting(self, delta: int, *, kind: str = "exclusive") -> None:
+        """A task started (+1) or stopped (-1) waiting for a held lock of ``kind``."""
 
     def released(self, hold_seconds: float, result: str) -> None:
         """A release ended: result is released, expired (a lost lease, see lease_lost) or
@@ -44,10 +45,10 @@ class LockEvents(Protocol):
 class NoEvents:
     """The default: report nothing."""
 
-    def acquire_done(self, result: str, wait_seconds: float) -> None:
+    def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
         pass
 
-    def waiting(self, delta: int) -> None:
+    def waiting(self, delta: int, *, kind: str = "exclusive") -> None:
         pass
 
     def released(self, hold_seconds: float, result: str) -> None:

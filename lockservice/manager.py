@@ -19,11 +19,22 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 
-from lockservice.backend import Backend, Readiness
-from lockservice.errors import LeaseLost, LockHeld, QuorumUnavailable
+from lockservice.backend import Attempt, Backend, Readiness
+from lockservice.errors import LeaseLost, LockHeld, PermitsMismatch, QuorumUnavailable
 from lockservice.events import ContentionObserver, LockEvents, NoEvents
-from lockservice.lease import Lease, LockInfo, validate_name, validate_ttl
+from lockservice.lease import (
+    EXCLUSIVE,
+    SEMAPHORE,
+    Lease,
+    LockInfo,
+    idempotency_tag,
+    validate_mode,
+    validate_name,
+    validate_permits,
+    validate_ttl,
+)
 from lockservice.memory import MemoryBackend
 from lockservice.redlock import Redlock
 from lockservice.renew import Renewal, hold
@@ -42,6 +53,19 @@ _RELEASED_MEMORY = 10_000  # lease ids released here, to refuse a second release
 def _wake_up(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """What one acquire asks for: its mode, a semaphore's permits, its idempotency tag."""
+
+    mode: str
+    permits: int
+    tag: str
+
+    def lease(self, name: str, lease_id: str, attempt: Attempt, issuer: object) -> Lease:
+        token, valid_until = attempt.token, attempt.valid_until
+        return Lease(name, token, lease_id, valid_until, issuer, self.mode, self.permits)
 
 
 class LockManager:
@@ -129,27 +153,79 @@ class LockManager:
         await self._backend.close()
 
     # acquire
-    async def acquire(self, name: str, ttl: float = 10.0, wait: float = 0.0) -> Lease:
+    async def acquire(
+        self,
+        name: str,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        mode: str = EXCLUSIVE,
+        idempotency_key: str | None = None,
+    ) -> Lease:
         """Take the lock ``name`` for ``ttl`` seconds, waiting up to ``wait`` seconds.
 
+        ``mode="shared"`` joins other shared leases (R22); a queued exclusive
+        waiter is served before shared requests that came after it. With an
+        ``idempotency_key``, a repeat while the lease taken with that key is held
+        returns that lease (same id and token) instead of queueing again (R26).
+
         Returns:
-            A ``Lease`` whose token exceeds that of every earlier grant of ``name``.
+            A ``Lease``; an exclusive one's token exceeds that of every earlier
+            grant of ``name``, a shared one's is the newest issued (R23).
         Raises:
             LockHeld: another lease still held it when ``wait`` ran out.
             QuorumUnavailable: a majority of nodes could not answer.
-            ValueError: a bad name, ttl or wait.
+            ValueError: a bad name, ttl, wait, mode or idempotency key.
         """
+        mode = validate_mode(mode)
+        return await self._acquire(name, ttl, wait, mode, 0, idempotency_key)
+
+    async def acquire_semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Take one of ``permits`` leases of the semaphore ``name`` (R24).
+
+        Every grant gets a token above every earlier grant's of ``name``.
+
+        Raises:
+            PermitsMismatch: semaphore leases of another ``permits`` hold it.
+            LockHeld, QuorumUnavailable, ValueError: as ``acquire``.
+        """
+        permits = validate_permits(permits)
+        return await self._acquire(name, ttl, wait, SEMAPHORE, permits, idempotency_key)
+
+    async def _acquire(
+        self, name: str, ttl: float, wait: float, mode: str, permits: int, key: str | None
+    ) -> Lease:
         validate_name(name)
         ttl = validate_ttl(ttl, self.min_ttl, self.max_ttl)
         wait = validate_ttl(wait, 0.0, self.max_wait, "wait")
+        tag = "" if key is None else idempotency_tag(key, mode, permits)
         loop = asyncio.get_running_loop()
         start = time.perf_counter()  # durations: the loop's clock may be ms-coarse (uvloop)
         deadline = loop.time() + wait
+        kind = Kind(mode, permits, tag)
+        if tag:  # a repeat: answer the held lease before queueing behind anyone (R26)
+            try:
+                found = await self._backend.find(name, tag)
+            except QuorumUnavailable:
+                self.events.quorum_failed("acquire")
+                self.events.acquire_done("quorum_unavailable", 0.0, kind=mode)
+                raise
+            if found is not None:
+                self.events.acquire_done("granted", time.perf_counter() - start, kind=mode)
+                return kind.lease(name, found.lease_id, found, self)
         lease_id = secrets.token_hex(16)
         ticket = f"{time.time() * 1000:.3f}" if wait else ""  # place in the remote queue
         result = "cancelled"
         turn = self._turns.join(name)
-        waited = Wait(self.events, self.observer, name, start)
+        waited = Wait(self.events, self.observer, name, start, mode)
         try:
             if turn.lock.locked() or turn.users > 1:
                 waited.begin()  # behind other local tasks asking for the same name
@@ -160,18 +236,21 @@ class LockManager:
         except TimeoutError:
             self._turns.leave(name, turn)
             waited.end(timed_out=True)
-            self.events.acquire_done("held", time.perf_counter() - start)
+            self.events.acquire_done("held", time.perf_counter() - start, kind=mode)
             raise LockHeld(name, retry_after=0.0) from None
         except BaseException:
             self._turns.leave(name, turn)
             waited.end(timed_out=False)
             raise
         try:
-            lease = await self._contend(name, lease_id, ttl, deadline, ticket, waited)
+            lease = await self._contend(name, lease_id, ttl, deadline, ticket, waited, kind)
             result = "granted"
             return lease
         except LockHeld:
             result = "held"
+            raise
+        except PermitsMismatch:
+            result = "permits_mismatch"
             raise
         except QuorumUnavailable:
             result = "quorum_unavailable"
@@ -181,10 +260,17 @@ class LockManager:
             turn.lock.release()
             self._turns.leave(name, turn)
             waited.end(timed_out=result == "held")
-            self.events.acquire_done(result, time.perf_counter() - start)
+            self.events.acquire_done(result, time.perf_counter() - start, kind=mode)
 
     async def _contend(
-        self, name: str, lease_id: str, ttl: float, deadline: float, ticket: str, waited: Wait
+        self,
+        name: str,
+        lease_id: str,
+        ttl: float,
+        deadline: float,
+        ticket: str,
+        waited: Wait,
+        kind: Kind,
     ) -> Lease:
         loop = asyncio.get_running_loop()
         backend = self._backend
@@ -195,7 +281,15 @@ class LockManager:
                 woken = backend.waiters.register(name, lease_id)  # before the try
                 try:
                     try:
-                        attempt = await backend.try_acquire(name, lease_id, ttl, ticket)
+                        attempt = await backend.try_acquire(
+                            name,
+                            lease_id,
+                            ttl,
+                            ticket,
+                            mode=kind.mode,
+                            permits=kind.permits,
+                            tag=kind.tag,
+                        )
                     except QuorumUnavailable:
                         # Nodes in the middle of a resync: wait for them once, then retry.
                         if resynced or not await backend.settle():
@@ -203,7 +297,9 @@ class LockManager:
                         resynced = True
                         continue
                     if attempt.token:
-                        return Lease(name, attempt.token, lease_id, attempt.valid_until, self)
+                        if attempt.lease_id and attempt.lease_id != lease_id:
+                            backend.abandon(name, lease_id)  # the tag's lease answered: R26
+                        return kind.lease(name, attempt.lease_id or lease_id, attempt, self)
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         raise LockHeld(name, retry_after=max(attempt.retry_after, 0.001))
@@ -258,11 +354,16 @@ class LockManager:
             raise
         self.events.renewed("ok")
         # A lease keeps the token it was granted; a bare handle learns it here.
-        return Lease(lease.name, lease.token or token, lease.lease_id, valid_until, lease.issuer)
+        token = lease.token or token
+        return replace(lease, token=token, valid_until=valid_until)
 
     @staticmethod
-    def handle(name: str, lease_id: str) -> Lease:
+    def handle(name: str, lease_id: str, mode: str = EXCLUSIVE, permits: int = 0) -> Lease:
         """A lease known only by name and id (e.g. from an HTTP request).
+
+        ``mode`` is ``"exclusive"``, ``"shared"`` or ``"semaphore"`` (with its
+        ``permits``); it only labels the lease: extend and release find the
+        lease by its id whatever its kind.
 
         ``extend`` of it returns the real token and deadline; its ``release`` always
         waits for the nodes' answer, since nothing local says it is still valid.
@@ -274,7 +375,11 @@ class LockManager:
             int(lease_id, 16)
         except ValueError:
             raise ValueError(f"lease id {lease_id!r} is not 32 hexadecimal characters") from None
-        return Lease(name, 0, lease_id, float("inf"))
+        if mode == SEMAPHORE:
+            permits = validate_permits(permits)
+        else:
+            mode, permits = validate_mode(mode), 0
+        return Lease(name, 0, lease_id, float("inf"), mode=mode, permits=permits)
 
     async def release(self, lease: Lease) -> None:
         """Release the lease; the release goes out even if this call is cancelled.
@@ -338,7 +443,13 @@ class LockManager:
 
     @asynccontextmanager
     async def lock(
-        self, name: str, ttl: float = 10.0, wait: float = 0.0, *, auto_renew: bool = False
+        self,
+        name: str,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        auto_renew: bool = False,
+        mode: str = EXCLUSIVE,
     ) -> AsyncIterator[Lease]:
         """Hold ``name`` for the body; with ``auto_renew`` a watchdog extends it every ttl/3.
 
@@ -346,7 +457,27 @@ class LockManager:
         ``LeaseLost`` is raised from the ``async with``: the holder always
         learns it no longer holds the lock.
         """
-        lease = await self.acquire(name, ttl=ttl, wait=wait)
+        lease = await self.acquire(name, ttl=ttl, wait=wait, mode=mode)
+        async with self._hold(lease, ttl, auto_renew) as held:
+            yield held
+
+    @asynccontextmanager
+    async def semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        auto_renew: bool = False,
+    ) -> AsyncIterator[Lease]:
+        """Hold one lease of the semaphore ``name`` for the body, as ``lock()`` does."""
+        lease = await self.acquire_semaphore(name, permits, ttl=ttl, wait=wait)
+        async with self._hold(lease, ttl, auto_renew) as held:
+            yield held
+
+    @asynccontextmanager
+    async def _hold(self, lease: Lease, ttl: float, auto_renew: bool) -> AsyncIterator[Lease]:
         renewal = (
             Renewal(
                 lease,

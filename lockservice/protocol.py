@@ -13,6 +13,18 @@ Invariants (DESIGN.md), for one lock name, N nodes, quorum Q = N // 2 + 1:
 - **I3** no deadlock: a lease neither extended nor released expires after its ttl.
 - **I4** only the owner (its 128-bit ``lease_id``) extends or releases a lease.
 
+Lock kinds share one namespace and one counter per name: a name is held by one
+*exclusive* lease, or by any number of *shared* leases, or by up to N
+*semaphore* leases of ``permits`` N. I1 and I2 read, with I5 and I6 added:
+
+- **I1** no exclusive lease is valid together with any other lease of its name.
+- **I5** never more than N semaphore leases of a name are valid at once.
+- **I2** an exclusive or semaphore grant's token is greater than the token of
+  every grant completed before its acquire began (for exclusive leases that is
+  every earlier grant, since they never overlap).
+- **I6** a shared grant's token is at most the newest token issued for the
+  name, and below the token of every exclusive grant completed after it.
+
 Glossary:
 
 - *try*: one round of ``acquire.lua`` on every node for one lease id.
@@ -112,6 +124,26 @@ R21 After its quarantine a resynced node copies the counters again, from N - Q
     lease with the grant the node forgot. The model found this schedule
     (``mark_synced.lua``, ``recopied.lua``, ``resync``).                   [I2]
 
+R22 Modes: an exclusive request conflicts with every holder; a shared one joins
+    shared holders; a semaphore(N) one joins semaphore holders of the same N
+    while fewer than N hold it; shared and semaphore conflict. A semaphore(N)
+    request that finds semaphore holders of M != N fails at once with
+    ``PermitsMismatch`` (``memory._conflicts``).                         [I1, I5]
+R23 A shared grant's token is the newest issued for the name (a missing counter
+    is started as R2 says), never a new one (``memory._token``).            [I6]
+R24 A semaphore grant, like an exclusive one, issues a new token (R1).      [I2]
+R25 FIFO across kinds: a request is served after every earlier queued one, so a
+    queued exclusive waiter blocks shared requests that come after it; the
+    shared waiters at the head are all granted when the lock becomes free
+    (in one process: ``turns``, one contender per name in arrival
+    order).                                                 [no writer starvation]
+R26 An acquire with an idempotency key stores a digest of the key (and of the
+    kind) with the holder's entry, so it is dropped with the lease; a later
+    acquire with that digest that finds it held answers that lease (its id,
+    token and remaining validity) before queueing, and a try that finds it
+    answers it instead of granting (``manager``, ``memory._tagged``).   [at most
+    one lease per key]
+
 Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 (``waiter.py``) and the client and resync steps (``protocol_model.py``); its
@@ -161,6 +193,16 @@ R19 faults/test_node_restart: restarted_node_does_not_grant_a_lease_it_forgot
 R20 faults/test_node_problems: a_node_that_may_evict_keys_never_counts
 R21 model: without_the_second_copy_a_resync_misses_a_grant_in_flight;
     faults/test_node_restart: a_grant_that_lands_after_the_first_copy_is_copied_again
+R22 lockservice/test_kinds: shared_leases_hold_together_and_exclude_an_exclusive_
+    one, a_semaphore_grants_up_to_permits_leases_with_increasing_tokens
+R23 test_kinds: shared_leases_hold_together_..., a_shared_lock_never_locked_before_
+    gets_a_first_token
+R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens
+R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests,
+    shared_waiters_at_the_head_are_granted_together
+R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
+    a_repeat_is_answered_even_behind_queued_waiters; test_memory:
+    idempotency_digests_go_with_their_leases
 """
 
 from __future__ import annotations

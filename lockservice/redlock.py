@@ -145,11 +145,26 @@ class Redlock:
                 log.exception("event %r from redis node %s could not be handled", event,
                               self._labels[event.index])  # fmt: skip
 
-    async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+    async def try_acquire(
+        self,
+        name: str,
+        lease_id: str,
+        ttl: float,
+        ticket: str,
+        *,
+        mode: str = "exclusive",
+        permits: int = 0,
+        tag: str = "",
+    ) -> Attempt:
+        if mode != "exclusive" or tag:
+            raise NotImplementedError("shared locks, semaphores and idempotency over redis")
         attempt = await self._acquirer.attempt(name, lease_id, ttl, ticket)
         if isinstance(attempt, QuorumUnavailable):
             raise attempt
         return attempt
+
+    async def find(self, name: str, tag: str) -> Attempt | None:
+        raise NotImplementedError("idempotent acquire over redis")
 
     def abandon(self, name: str, lease_id: str) -> None:
         self._handovers.close(lease_id)

@@ -47,12 +47,18 @@ class Turns:
 class Wait:
     """One acquire's time spent waiting, reported once to metrics and the observer."""
 
-    __slots__ = ("active", "events", "name", "observer", "start")
+    __slots__ = ("active", "events", "kind", "name", "observer", "start")
 
     def __init__(
-        self, events: LockEvents, observer: ContentionObserver | None, name: str, start: float
+        self,
+        events: LockEvents,
+        observer: ContentionObserver | None,
+        name: str,
+        start: float,
+        kind: str = "exclusive",
     ) -> None:
         self.events = events
+        self.kind = kind
         self.observer = observer
         self.name = name
         self.start = start  # time.perf_counter()
@@ -61,14 +67,14 @@ class Wait:
     def begin(self) -> None:
         if not self.active:
             self.active = True
-            self.events.waiting(+1)
+            self.events.waiting(+1, kind=self.kind)
             if self.observer is not None:
                 self.observer.started_waiting(self.name)
 
     def end(self, *, timed_out: bool) -> None:
         if self.active:
             self.active = False
-            self.events.waiting(-1)
+            self.events.waiting(-1, kind=self.kind)
             if self.observer is not None:
                 self.observer.stopped_waiting(self.name)
                 waited = time.perf_counter() - self.start

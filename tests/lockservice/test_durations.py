@@ -18,7 +18,7 @@ class Waits(NoEvents):
     def __init__(self) -> None:
         self.seconds: list[float] = []
 
-    def acquire_done(self, result: str, wait_seconds: float) -> None:
+    def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
         self.seconds.append(wait_seconds)
 
 

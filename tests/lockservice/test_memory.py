@@ -50,3 +50,16 @@ async def test_a_forgotten_name_keeps_increasing_and_its_bound_stays_above_its_t
     again = await mgr.acquire("a", ttl=5.0)
     assert again.token > tokens[-1]
     assert await mgr.issued("a") == again.token
+
+
+async def test_idempotency_digests_go_with_their_leases() -> None:
+    backend = MemoryBackend()
+    mgr = LockManager(backend)
+    for i in range(50):
+        lease = await mgr.acquire(f"idem/{i}", ttl=5.0, idempotency_key=f"key {i}")
+        await mgr.release(lease)
+    for i in range(50):
+        await mgr.acquire_semaphore("idem/sem", 100, ttl=0.05, idempotency_key=f"key {i}")
+    await asyncio.sleep(0.06)
+    backend._sweep()
+    assert backend._locks == {}  # nothing of any key is kept once its lease is gone

@@ -9,6 +9,8 @@ lease id and its place in the queue.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from lockservice import LockManager, QuorumUnavailable
@@ -26,11 +28,13 @@ class FailsOnceThenResyncs(MemoryBackend):
         self.abandoned: list[str] = []
         self.settled = 0
 
-    async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+    async def try_acquire(
+        self, name: str, lease_id: str, ttl: float, ticket: str, **kind: Any
+    ) -> Attempt:
         self.tries.append(lease_id)
         if len(self.tries) == 1:
             raise QuorumUnavailable(name, {"n1": "restarted or new, not resynced yet"}, 2, 3)
-        return await super().try_acquire(name, lease_id, ttl, ticket)
+        return await super().try_acquire(name, lease_id, ttl, ticket, **kind)
 
     async def settle(self) -> bool:
         self.settled += 1
@@ -59,7 +63,9 @@ async def test_a_retry_after_a_resync_wait_is_a_new_lease_unless_queued(wait: fl
 
 async def test_no_second_retry_when_the_retry_fails_too() -> None:
     class AlwaysFails(FailsOnceThenResyncs):
-        async def try_acquire(self, name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+        async def try_acquire(
+            self, name: str, lease_id: str, ttl: float, ticket: str, **kind: Any
+        ) -> Attempt:
             self.tries.append(lease_id)
             raise QuorumUnavailable(name, {"n1": "down: connection refused"}, 2, 3)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis
@@ -100,9 +101,11 @@ async def test_release_between_failed_try_and_sleep_is_not_missed(
         real_try = backend.try_acquire
         released = False
 
-        async def try_then_release(name: str, lease_id: str, ttl: float, ticket: str) -> Attempt:
+        async def try_then_release(
+            name: str, lease_id: str, ttl: float, ticket: str, **kind: Any
+        ) -> Attempt:
             nonlocal released
-            attempt = await real_try(name, lease_id, ttl, ticket)
+            attempt = await real_try(name, lease_id, ttl, ticket, **kind)
             if not attempt.token and not released:
                 released = True
                 await mgr.release(holder)  # lands after the try, before the sleep

@@ -1,0 +1,260 @@
+"""Shared locks, semaphores and idempotent acquire (R22-R26), on every backend.
+
+Two managers stand for two gateways (over memory they share one backend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lockservice import LeaseLost, LockHeld, LockManager, PermitsMismatch
+from tests.lockservice.conftest import MakeManager
+
+pytestmark = pytest.mark.parametrize("make_manager", ["memory"], indirect=True)
+
+
+async def two(make: MakeManager) -> tuple[LockManager, LockManager]:
+    return await make(), await make()
+
+
+async def test_shared_leases_hold_together_and_exclude_an_exclusive_one(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    first = await a.acquire("k/rw", ttl=5.0)
+    await a.release(first)
+    r1 = await a.acquire("k/rw", ttl=5.0, mode="shared")
+    r2 = await b.acquire("k/rw", ttl=5.0, mode="shared")
+    assert (r1.mode, r2.mode) == ("shared", "shared")
+    assert r1.lease_id != r2.lease_id
+    # R23: a shared grant gets the newest token issued, not a new one
+    assert r1.token == r2.token == first.token
+    info = await b.inspect("k/rw")
+    assert (info.held, info.mode, info.holders, info.permits) == (True, "shared", 2, 0)
+    assert info.token == first.token
+    with pytest.raises(LockHeld):
+        await b.acquire("k/rw", ttl=5.0)
+    await a.release(r1)
+    with pytest.raises(LockHeld):
+        await b.acquire("k/rw", ttl=5.0)  # one shared lease still holds it
+    await b.release(r2)
+    writer = await b.acquire("k/rw", ttl=5.0)
+    assert writer.token > r1.token  # R23: a later exclusive grant's token is larger
+    with pytest.raises(LockHeld):
+        await a.acquire("k/rw", ttl=5.0, mode="shared")
+    info = await a.inspect("k/rw")
+    assert (info.mode, info.holders, info.token) == ("exclusive", 1, writer.token)
+    await b.release(writer)
+    assert (await a.inspect("k/rw")).mode == ""
+
+
+async def test_a_shared_lock_never_locked_before_gets_a_first_token(
+    make_manager: MakeManager,
+) -> None:
+    a, _ = await two(make_manager)
+    lease = await a.acquire("k/first-shared", ttl=5.0, mode="shared")
+    assert lease.token > 0
+    assert await a.issued("k/first-shared") >= lease.token
+    await a.release(lease)
+    later = await a.acquire("k/first-shared", ttl=5.0)
+    assert later.token > lease.token
+
+
+async def test_a_queued_exclusive_waiter_is_served_before_later_shared_requests(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    reader = await a.acquire("k/starve", ttl=10.0, mode="shared")
+    order: list[str] = []
+
+    async def take(mgr: LockManager, label: str, mode: str) -> None:
+        lease = await mgr.acquire("k/starve", ttl=10.0, wait=10.0, mode=mode)
+        order.append(label)
+        await asyncio.sleep(0.05)
+        await mgr.release(lease)
+
+    writer = asyncio.create_task(take(b, "writer", "exclusive"))
+    await asyncio.sleep(0.2)  # the writer is queued
+    late = [asyncio.create_task(take(m, f"reader{i}", "shared")) for i, m in enumerate((a, b))]
+    await asyncio.sleep(0.2)
+    assert order == []  # the late readers do not join the reader holding it
+    await a.release(reader)
+    async with asyncio.timeout(10):
+        await asyncio.gather(writer, *late)
+    assert order[0] == "writer", order
+
+
+async def test_shared_waiters_at_the_head_are_granted_together(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    writer = await a.acquire("k/heads", ttl=10.0)
+    readers = [
+        asyncio.create_task(m.acquire("k/heads", ttl=10.0, wait=10.0, mode="shared"))
+        for m in (a, b, a, b)
+    ]
+    await asyncio.sleep(0.2)
+    await a.release(writer)
+    async with asyncio.timeout(10):
+        leases = await asyncio.gather(*readers)
+    info = await a.inspect("k/heads")
+    assert (info.mode, info.holders) == ("shared", 4)
+    assert {lease.token for lease in leases} == {writer.token}
+    for mgr, lease in zip((a, b, a, b), leases, strict=True):
+        await mgr.release(lease)
+
+
+async def test_a_semaphore_grants_up_to_permits_leases_with_increasing_tokens(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    s1 = await a.acquire_semaphore("k/sem", 2, ttl=5.0)
+    s2 = await b.acquire_semaphore("k/sem", 2, ttl=5.0)
+    assert s2.token > s1.token
+    assert (s1.mode, s1.permits) == ("semaphore", 2)
+    with pytest.raises(LockHeld):
+        await a.acquire_semaphore("k/sem", 2, ttl=5.0)
+    with pytest.raises(PermitsMismatch) as mismatch:
+        await b.acquire_semaphore("k/sem", 3, ttl=5.0, wait=1.0)
+    assert mismatch.value.permits == 2
+    assert mismatch.value.code == "permits_mismatch"
+    info = await b.inspect("k/sem")
+    assert (info.mode, info.holders, info.permits, info.token) == ("semaphore", 2, 2, s2.token)
+    for mode in ("exclusive", "shared"):
+        with pytest.raises(LockHeld):
+            await a.acquire("k/sem", ttl=5.0, mode=mode)
+    await a.release(s1)
+    s3 = await a.acquire_semaphore("k/sem", 2, ttl=5.0)
+    assert s3.token > s2.token
+    await a.release(s3)
+    await b.release(s2)
+    x = await b.acquire("k/sem", ttl=5.0)  # one namespace, one counter
+    assert x.token > s3.token
+    with pytest.raises(LockHeld):
+        await a.acquire_semaphore("k/sem", 2, ttl=5.0)
+    await b.release(x)
+    other = await a.acquire_semaphore("k/sem", 5, ttl=5.0)  # free: any permits
+    await a.release(other)
+
+
+async def test_a_semaphore_waiter_is_granted_when_a_permit_is_released(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    held = await a.acquire_semaphore("k/sem-wait", 1, ttl=10.0)
+    waiter = asyncio.create_task(b.acquire_semaphore("k/sem-wait", 1, ttl=10.0, wait=10.0))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    await a.release(held)
+    async with asyncio.timeout(10):
+        lease = await waiter
+    assert lease.token > held.token
+    await b.release(lease)
+
+
+async def test_extend_and_release_are_per_lease_for_every_kind(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    r1 = await a.acquire("k/per-lease", ttl=5.0, mode="shared")
+    r2 = await b.acquire("k/per-lease", ttl=5.0, mode="shared")
+    extended = await b.extend(b.handle("k/per-lease", r1.lease_id, "shared"), ttl=5.0)
+    assert (extended.token, extended.mode) == (r1.token, "shared")
+    await b.release(b.handle("k/per-lease", r1.lease_id, "shared"))
+    with pytest.raises(LeaseLost):
+        await a.extend(r1, ttl=5.0)
+    assert (await a.extend(r2, ttl=5.0)).lease_id == r2.lease_id
+    await b.release(r2)
+    s = await a.acquire_semaphore("k/per-lease", 3, ttl=5.0)
+    handle = b.handle("k/per-lease", s.lease_id, "semaphore", 3)
+    assert (await b.extend(handle, ttl=5.0)).token == s.token
+    await b.release(handle)
+    with pytest.raises(LeaseLost):
+        await b.release(handle)
+
+
+async def test_expired_shared_and_semaphore_leases_free_the_name(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    await a.acquire("k/expire", ttl=0.2, mode="shared")
+    await b.acquire("k/expire", ttl=0.2, mode="shared")
+    lease = await b.acquire("k/expire", ttl=5.0, wait=5.0)  # I3: both expire
+    await b.release(lease)
+    await a.acquire_semaphore("k/expire", 1, ttl=0.2)
+    with pytest.raises(PermitsMismatch):
+        await b.acquire_semaphore("k/expire", 2, ttl=5.0, wait=5.0)  # at once, no wait
+    await asyncio.sleep(0.25)
+    again = await b.acquire_semaphore("k/expire", 2, ttl=5.0)  # no mismatch left
+    await b.release(again)
+
+
+async def test_a_repeated_acquire_with_its_key_returns_the_same_lease(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    first = await a.acquire("k/idem", ttl=5.0, idempotency_key="client-1\nk1")
+    again = await b.acquire("k/idem", ttl=5.0, wait=1.0, idempotency_key="client-1\nk1")
+    assert (again.lease_id, again.token) == (first.lease_id, first.token)
+    assert 0 < again.remaining() <= 5.0
+    with pytest.raises(LockHeld):  # another key is another request
+        await b.acquire("k/idem", ttl=5.0, idempotency_key="client-2\nk1")
+    with pytest.raises(LockHeld):  # the same key for another kind finds nothing
+        await b.acquire("k/idem", ttl=5.0, mode="shared", idempotency_key="client-1\nk1")
+    await a.release(first)
+    fresh = await b.acquire("k/idem", ttl=5.0, idempotency_key="client-1\nk1")
+    assert fresh.lease_id != first.lease_id
+    assert fresh.token > first.token
+    await b.release(fresh)
+
+
+async def test_a_repeat_is_answered_even_behind_queued_waiters(
+    make_manager: MakeManager,
+) -> None:
+    a, b = await two(make_manager)
+    held = await a.acquire("k/idem-q", ttl=10.0, idempotency_key="k")
+    managers = (a, b, a)
+    queued = [asyncio.create_task(m.acquire("k/idem-q", ttl=10.0, wait=10.0)) for m in managers]
+    await asyncio.sleep(0.2)
+    async with asyncio.timeout(2):
+        for mgr in (a, b):
+            again = await mgr.acquire("k/idem-q", ttl=10.0, wait=5.0, idempotency_key="k")
+            assert again.lease_id == held.lease_id
+    await a.release(held)
+    async with asyncio.timeout(10):
+        for mgr, task in zip(managers, queued, strict=True):
+            await mgr.release(await task)
+
+
+async def test_idempotent_shared_and_semaphore_leases(make_manager: MakeManager) -> None:
+    a, b = await two(make_manager)
+    r = await a.acquire("k/idem-kinds", ttl=5.0, mode="shared", idempotency_key="r")
+    assert (await b.acquire("k/idem-kinds", mode="shared", idempotency_key="r")) == r
+    assert (await a.inspect("k/idem-kinds")).holders == 1
+    await a.release(r)
+    s = await a.acquire_semaphore("k/idem-kinds", 2, ttl=5.0, idempotency_key="s")
+    assert (await b.acquire_semaphore("k/idem-kinds", 2, idempotency_key="s")).lease_id == (
+        s.lease_id
+    )
+    assert (await a.inspect("k/idem-kinds")).holders == 1
+    await a.release(s)
+
+
+async def test_bad_kinds_are_refused(make_manager: MakeManager) -> None:
+    a, _ = await two(make_manager)
+    for bad in ("read", "semaphore", "", None):
+        with pytest.raises(ValueError, match="mode"):
+            await a.acquire("k/bad", mode=bad)  # type: ignore[arg-type]
+    for permits in (0, -1, True, 1.5, 10_001):
+        with pytest.raises(ValueError, match="permits"):
+            await a.acquire_semaphore("k/bad", permits)  # type: ignore[arg-type]
+    for key in ("", "x" * 4097, 7):
+        with pytest.raises(ValueError, match="idempotency key"):
+            await a.acquire("k/bad", idempotency_key=key)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mode"):
+        a.handle("k/bad", "a" * 32, "read")
+    with pytest.raises(ValueError, match="permits"):
+        a.handle("k/bad", "a" * 32, "semaphore", 0)
+    assert not (await a.inspect("k/bad")).held
