@@ -16,27 +16,37 @@ from collections.abc import Sequence
 from lockservice import scripts
 from lockservice.backend import Attempt
 from lockservice.cleanup import Cleanups
-from lockservice.errors import QuorumUnavailable
+from lockservice.errors import PermitsMismatch, QuorumUnavailable
 from lockservice.fanout import Decider, Rounds
 from lockservice.handover import Handovers, Pending
 from lockservice.health import Health
 from lockservice.node import Node
-from lockservice.protocol import KEEPALIVE_MS, AttemptState, fence_key, lock_key, lock_keys
+from lockservice.protocol import (
+    KEEPALIVE_MS,
+    AttemptState,
+    drift,
+    lock_keys,
+    raise_keys,
+    waiter_spec,
+)
 from lockservice.replies import (
     AcquireReply,
     Failure,
     Granted,
     Held,
+    Mismatch,
     Quarantined,
+    Tagged,
     Unsynced,
     parse_acquire,
     parse_count,
 )
 from lockservice.resync import Resyncer
 
-__all__ = ["Acquirer"]
+__all__ = ["Acquirer", "found_lease"]
 
 _AGAIN = 0.001  # "try again at once" (the grants ran out on the way)
+_MISMATCH_RETRY_MS = 50  # a minority says "other permits": look again soon
 
 
 class Acquirer:
@@ -78,7 +88,7 @@ class Acquirer:
                     granted += 1
                 elif reply is None:
                     pending += 1
-                elif isinstance(reply, Held):
+                elif isinstance(reply, Held | Mismatch | Tagged):
                     held += 1
             if granted >= q:
                 return True
@@ -89,11 +99,22 @@ class Acquirer:
         return decided
 
     async def attempt(
-        self, name: str, lease_id: str, ttl: float, ticket: str
-    ) -> Attempt | QuorumUnavailable:
-        """One try (R3): a lease, a hint to wait, or why there was no quorum."""
+        self,
+        name: str,
+        lease_id: str,
+        ttl: float,
+        ticket: str,
+        *,
+        mode: str = "exclusive",
+        permits: int = 0,
+        tag: str = "",
+    ) -> Attempt | QuorumUnavailable | PermitsMismatch:
+        """One try (R3): a lease, a hint to wait, or why there was no quorum; or the
+        lease held with ``tag`` (R26), or that holders of other permits hold it (R22)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
+        ttl_ms = max(1, int(ttl * 1000))
+        spec = waiter_spec(ttl_ms, mode, permits, tag)
         pending = self._handovers.get(lease_id) if ticket else None
         if pending is not None:
             ready = pending.lease(self.quorum, start)
@@ -101,27 +122,50 @@ class Acquirer:
                 return await self._grant(name, lease_id, ticket, pending, ready)
             pending.move(AttemptState.TRYING)
         elif ticket:
-            pending = self._handovers.open(lease_id, Pending(name, len(self.nodes), ttl, start))
+            pending = Pending(name, len(self.nodes), ttl, start, spec)
+            pending = self._handovers.open(lease_id, pending)
         else:  # a try without waiting: this try's grants alone
-            pending = Pending(name, len(self.nodes), ttl, start)
+            pending = Pending(name, len(self.nodes), ttl, start, spec)
         pending.nudge_due = False  # this try asks every node anyway
-        args = (lease_id, max(1, int(ttl * 1000)), ticket, KEEPALIVE_MS)
+        args = (lease_id, ttl_ms, ticket, KEEPALIVE_MS)
+        kind = (mode, permits, tag)
         futures = [
-            node.call(scripts.ACQUIRE, lock_keys(name), (*args, node.run_id or "", self._process))
+            node.call(
+                scripts.ACQUIRE,
+                lock_keys(name),
+                (*args, node.run_id or "", self._process, *kind),
+            )
             for node in self.nodes
         ]
         before = pending.valid(start) if pending.grants else frozenset()
         decided = self._decider(before)
         rnd = await self._rounds.run(futures, parse_acquire, decided, self._health.note)
         busy = []
+        tagged: list[Tagged] = []
+        mismatched: list[int] = []
         for i, reply in enumerate(rnd.replies):
             if isinstance(reply, Granted):
                 pending.granted(i, reply.token, start)
             elif isinstance(reply, Held):
                 busy.append(reply.pttl)
                 pending.refused(i, start, reply.counter)
+            elif isinstance(reply, Tagged):
+                busy.append(reply.pttl)
+                tagged.append(reply)
+            elif isinstance(reply, Mismatch):
+                busy.append(_MISMATCH_RETRY_MS)
+                mismatched.append(reply.permits)
             elif isinstance(reply, Unsynced) or (isinstance(reply, Quarantined) and not reply.pttl):
                 self._resyncer.schedule(self.nodes[i])  # a resync, or its second copy (R21)
+        found = found_lease(tagged, self.quorum, start)
+        if found is not None or len(mismatched) >= self.quorum:
+            # R26: the lease of the tag answers; R22: semaphore holders of other permits.
+            # The grants this try got (there may be some) are undone by the caller.
+            if ticket:
+                self._handovers.close(lease_id)
+            if found is not None:
+                return found
+            return PermitsMismatch(name, max(set(mismatched), key=mismatched.count), permits)
         ready = pending.lease(self.quorum, loop.time())
         if ready is not None:
             for i, fut in enumerate(futures):  # R16 for nodes that have not answered
@@ -135,7 +179,7 @@ class Acquirer:
                 if rnd.replies[i] is None:
                     late = functools.partial(self._handovers.late_reply, i, name, lease_id, start)
                     fut.add_done_callback(late)
-        usable = rnd.count(lambda r: isinstance(r, Granted | Held))
+        usable = rnd.count(lambda r: isinstance(r, Granted | Held | Tagged | Mismatch))
         if granted or (not ticket and None in rnd.replies):
             # R15: a queued waiter keeps grants it is owed while others hold the rest;
             # one that too few nodes answer gives them up, or it would block the lock.
@@ -178,7 +222,7 @@ class Acquirer:
 
     async def _raise_fence(self, name: str, lease_id: str, token: int) -> QuorumUnavailable | None:
         """Round 2 (R4); None when Q nodes acked, else why not."""
-        keys = (fence_key(name), lock_key(name))
+        keys = raise_keys(name)
         futures = [node.call(scripts.RAISE_FENCE, keys, (token, lease_id)) for node in self.nodes]
 
         def good(reply: int | Failure) -> bool:
@@ -195,12 +239,11 @@ class Acquirer:
         owed unless ``give_up`` (R15), names each by its token (R13), and counts
         nothing from a node until its undo answered (R14)."""
         named = pending.park()
-        ttl_ms = max(1, int(pending.ttl * 1000))
         if not ticket:
-            self._cleanups.undo_any(name, lease_id, ttl_ms)
+            self._cleanups.undo_any(name, lease_id, pending.spec)
             return
         sent = "" if give_up else ticket
-        futures = self._cleanups.undo_named(name, lease_id, sent, ttl_ms, named)
+        futures = self._cleanups.undo_named(name, lease_id, sent, pending.spec, named)
         for i, fut in futures.items():
             fut.add_done_callback(
                 functools.partial(self._handovers.undo_reply, i, lease_id, named[i])
@@ -209,3 +252,16 @@ class Acquirer:
 
 def _is_granted(reply: AcquireReply) -> bool:
     return isinstance(reply, Granted)
+
+
+def found_lease(tagged: Sequence[Tagged], quorum: int, start: float) -> Attempt | None:
+    """The lease held with the try's tag, when a quorum answered it (R26): its id,
+    the token most of them hold and the validity a quorum of them still gives it."""
+    ids = [t.lease_id for t in tagged]
+    for lease_id in set(ids):
+        if ids.count(lease_id) >= quorum:
+            mine = [t for t in tagged if t.lease_id == lease_id]
+            token = max((t.token for t in mine), key=[t.token for t in mine].count)
+            left = sorted((t.pttl for t in mine), reverse=True)[quorum - 1] / 1000
+            return Attempt(token, start + left - drift(left), 0.0, lease_id)
+    return None

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from lockservice import scripts
 from lockservice.node import Node
-from lockservice.protocol import KEEPALIVE_MS, RELEASE_CHANNEL, fence_key, lock_key, lock_keys
+from lockservice.protocol import KEEPALIVE_MS, RELEASE_CHANNEL, lock_keys, raise_keys
 from lockservice.replies import Granted, parse_acquire
 from lockservice.resp import Reply
 
@@ -32,15 +32,16 @@ def release_args(lease_id: str, name: str, process: str, run_id: str) -> tuple[s
 
 
 def undo_args(
-    lease_id: str, name: str, process: str, run_id: str, *, ticket: str, ttl_ms: int, grant: str
+    lease_id: str, name: str, process: str, run_id: str, *, ticket: str, spec: str, grant: str
 ) -> tuple[str, ...]:
-    """ARGV of undo.lua: ``ticket`` '' for a try without waiting, ``grant`` the token
-    of the grant to undo ('' for any grant of the lease)."""
+    """ARGV of undo.lua: ``ticket`` '' for a try without waiting, ``spec`` the waiter's
+    ttl and kind (``protocol.waiter_spec``), ``grant`` the token of the grant to undo
+    ('' for any grant of the lease)."""
     return (
         *release_args(lease_id, name, process, run_id),
         ticket,
         str(KEEPALIVE_MS),
-        str(ttl_ms),
+        spec,
         grant,
     )
 
@@ -67,17 +68,17 @@ class Cleanups:
             for i, node in enumerate(self._nodes)
         ]
 
-    def undo_any(self, name: str, lease_id: str, ttl_ms: int) -> None:
+    def undo_any(self, name: str, lease_id: str, spec: str) -> None:
         """Undo any grant of a try without waiting, on every node (R7): a node that has
         not answered may still grant, so it is not named, and it is replayed."""
         for i, node in enumerate(self._nodes):
             args = undo_args(
-                lease_id, name, self._process, node.run_id or "", ticket="", ttl_ms=ttl_ms, grant=""
+                lease_id, name, self._process, node.run_id or "", ticket="", spec=spec, grant=""
             )
             self._send(i, scripts.UNDO, name, args, later=True)
 
     def undo_named(
-        self, name: str, lease_id: str, ticket: str, ttl_ms: int, named: dict[int, int]
+        self, name: str, lease_id: str, ticket: str, spec: str, named: dict[int, int]
     ) -> dict[int, asyncio.Future[Reply]]:
         """A queued waiter's undo of the grants ``named`` (node -> token, R13), never
         replayed; ``ticket`` '' gives them up whatever the queue (R15)."""
@@ -90,7 +91,7 @@ class Cleanups:
                 self._process,
                 node.run_id or "",
                 ticket=ticket,
-                ttl_ms=ttl_ms,
+                spec=spec,
                 grant=str(token),
             )
             futures[i] = node.call(scripts.UNDO, lock_keys(name), args, later=True)
@@ -105,7 +106,7 @@ class Cleanups:
         """
         if late == granted:
             return
-        keys = (fence_key(name), lock_key(name))
+        keys = raise_keys(name)
         self._nodes[index].call(scripts.RAISE_FENCE, keys, (granted, lease_id))
         if late > granted:
             for i, node in enumerate(self._nodes):

@@ -54,15 +54,17 @@ class Pending:
         "parked",
         "queued",
         "seen",
+        "spec",
         "state",
         "suspect",
         "ttl",
         "undoing",
     )
 
-    def __init__(self, name: str, nodes: int, ttl: float, start: float) -> None:
+    def __init__(self, name: str, nodes: int, ttl: float, start: float, spec: str = "") -> None:
         self.name = name
         self.ttl = ttl
+        self.spec = spec or str(max(1, int(ttl * 1000)))  # protocol.waiter_spec
         self.floors = [start] * nodes  # per node: no grant there is older than this
         self.grants: dict[int, Grant] = {}  # the grants that count
         self.parked: dict[int, Grant] = {}  # held back until the node's undos answer

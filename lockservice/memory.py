@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from lockservice.backend import Attempt, Readiness, drift
 from lockservice.errors import LeaseLost, PermitsMismatch
-from lockservice.lease import EXCLUSIVE, SEMAPHORE, SHARED, LockInfo
+from lockservice.lease import EXCLUSIVE, SEMAPHORE, LockInfo
 from lockservice.waiters import Waiters
 
 __all__ = ["MemoryBackend", "wall_clock_base"]
@@ -121,7 +121,7 @@ class MemoryBackend:
                     return Attempt(0, 0.0, min(h.expiry for h in others) - now)
         if held is None or not others:
             held = self._locks[name] = _Held(mode, permits if mode == SEMAPHORE else 0)
-        token = self._token(name, new=mode != SHARED)
+        token = self._token(name)
         valid_until = now + ttl - drift(ttl)
         held.holders[lease_id] = _Holder(token, now + ttl, valid_until, tag)
         self._grants += 1
@@ -131,11 +131,8 @@ class MemoryBackend:
         # count it on their own clocks (the lock itself is held for the whole ttl).
         return Attempt(token, valid_until, 0.0)
 
-    def _token(self, name: str, *, new: bool) -> int:
-        """A new token above every one issued for ``name``, or (shared, R23) the newest."""
-        if not new and name in self._issued:
-            self._issued.move_to_end(name)
-            return self._issued[name]
+    def _token(self, name: str) -> int:
+        """A new token above every one issued for ``name``, for every kind (R23)."""
         token = max(self._issued_for(name), self._base) + 1
         self._issued[name] = token
         self._issued.move_to_end(name)

@@ -19,11 +19,12 @@ Lock kinds share one namespace and one counter per name: a name is held by one
 
 - **I1** no exclusive lease is valid together with any other lease of its name.
 - **I5** never more than N semaphore leases of a name are valid at once.
-- **I2** an exclusive or semaphore grant's token is greater than the token of
-  every grant completed before its acquire began (for exclusive leases that is
-  every earlier grant, since they never overlap).
+- **I2** a grant's token is greater than the token of every grant completed
+  before its acquire began (for exclusive leases that is every earlier grant,
+  since they never overlap); grants whose acquires overlap are not ordered
+  (two shared or semaphore leases granted together may share a token).
 - **I6** a shared grant's token is at most the newest token issued for the
-  name, and below the token of every exclusive grant completed after it.
+  name, and below the token of every grant completed after its acquire began.
 
 Glossary:
 
@@ -129,8 +130,12 @@ R22 Modes: an exclusive request conflicts with every holder; a shared one joins
     while fewer than N hold it; shared and semaphore conflict. A semaphore(N)
     request that finds semaphore holders of M != N fails at once with
     ``PermitsMismatch`` (``memory._conflicts``).                         [I1, I5]
-R23 A shared grant's token is the newest issued for the name (a missing counter
-    is started as R2 says), never a new one (``memory._token``).            [I6]
+R23 Every grant issues a new token, a shared one too (R1): a node orders its
+    grants by token (R11-R13 compare them), so two grants on a node must not
+    share one. A shared lease's token is thus the newest issued for the name
+    at its grant (the max of its quorum's counters, raised by round 2 when
+    they differ, R4) and a later exclusive grant's is larger (R3, R4)
+    (``queue.lua: grant``, ``memory._token``).                          [I2, I6]
 R24 A semaphore grant, like an exclusive one, issues a new token (R1).      [I2]
 R25 FIFO across kinds: a request is served after every earlier queued one, so a
     queued exclusive waiter blocks shared requests that come after it; the
@@ -222,9 +227,14 @@ __all__ = [
     "AttemptState",
     "NodeState",
     "drift",
+    "extend_keys",
     "fence_key",
+    "holder_keys",
+    "inspect_keys",
     "lock_key",
     "lock_keys",
+    "raise_keys",
+    "waiter_spec",
 ]
 
 RELEASE_CHANNEL: Final = "fencegate:released"  # + ":<process>": hand-overs and wake-ups
@@ -248,8 +258,36 @@ def fence_key(name: str) -> str:
     return f"fence:{{{name}}}"
 
 
+def holder_keys(name: str) -> tuple[str, str]:
+    """A group of shared or semaphore holders (R22): expiries (zset), tokens and tags (hash)."""
+    return f"holders:{{{name}}}", f"holdert:{{{name}}}"
+
+
+def waiter_spec(ttl_ms: int, mode: str = "exclusive", permits: int = 0, tag: str = "") -> str:
+    """A waiter's entry in waitt:{name}: its ttl, and its kind unless exclusive without a
+    tag (as acquire.lua builds it), so that a hand-over grants what it asked for (R25)."""
+    if mode == "exclusive" and not tag:
+        return str(ttl_ms)
+    return f"{ttl_ms} {mode} {permits} {tag}"
+
+
+def extend_keys(name: str) -> tuple[str, ...]:
+    """The keys extend.lua takes."""
+    return (lock_key(name), *holder_keys(name))
+
+
+def raise_keys(name: str) -> tuple[str, ...]:
+    """The keys raise_fence.lua takes."""
+    return (fence_key(name), lock_key(name), *holder_keys(name))
+
+
+def inspect_keys(name: str) -> tuple[str, ...]:
+    """The keys inspect.lua takes."""
+    return (lock_key(name), fence_key(name), SYNCED_KEY, *holder_keys(name))
+
+
 def lock_keys(name: str) -> tuple[str, ...]:
-    """The keys acquire.lua, release.lua and undo.lua take, in their order."""
+    """The keys acquire.lua, release.lua, undo.lua and find.lua take, in their order."""
     return (
         lock_key(name),
         fence_key(name),
@@ -258,6 +296,7 @@ def lock_keys(name: str) -> tuple[str, ...]:
         f"waitq:{{{name}}}",
         f"waitx:{{{name}}}",
         f"waitt:{{{name}}}",
+        *holder_keys(name),
     )
 
 

@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from lockservice import scripts
-from lockservice.acquire import Acquirer
+from lockservice.acquire import Acquirer, found_lease
 from lockservice.backend import Attempt, Readiness
 from lockservice.cleanup import Cleanups
-from lockservice.errors import LeaseLost, QuorumUnavailable
+from lockservice.errors import LeaseLost, PermitsMismatch, QuorumUnavailable
 from lockservice.events import LockEvents
 from lockservice.fanout import Rounds
 from lockservice.handover import Handovers
@@ -33,16 +33,19 @@ from lockservice.protocol import (
     SYNCED_KEY,
     NodeState,
     drift,
-    fence_key,
-    lock_key,
+    extend_keys,
+    inspect_keys,
+    lock_keys,
 )
 from lockservice.replies import (
     Failure,
     Inspected,
     Quarantined,
     StateReply,
+    Tagged,
     Unsynced,
     parse_count,
+    parse_find,
     parse_inspect,
     parse_state,
 )
@@ -156,15 +159,26 @@ class Redlock:
         permits: int = 0,
         tag: str = "",
     ) -> Attempt:
-        if mode != "exclusive" or tag:
-            raise NotImplementedError("shared locks, semaphores and idempotency over redis")
-        attempt = await self._acquirer.attempt(name, lease_id, ttl, ticket)
-        if isinstance(attempt, QuorumUnavailable):
+        attempt = await self._acquirer.attempt(
+            name, lease_id, ttl, ticket, mode=mode, permits=permits, tag=tag
+        )
+        if isinstance(attempt, QuorumUnavailable | PermitsMismatch):
             raise attempt
         return attempt
 
     async def find(self, name: str, tag: str) -> Attempt | None:
-        raise NotImplementedError("idempotent acquire over redis")
+        """R26: the lease a quorum says is held with ``tag``; None when a quorum of
+        synced nodes answered and none is."""
+        start = asyncio.get_running_loop().time()
+        futures = [
+            node.call(scripts.FIND, lock_keys(name), (tag, node.run_id or ""))
+            for node in self.nodes
+        ]
+        rnd = await self._rounds.run(futures, parse_find, self._rounds.decider(_is_tagged))
+        tagged = [r for r in rnd.replies if isinstance(r, Tagged)]
+        if len(tagged) < self.quorum:
+            raise self._rounds.unavailable(name, rnd, _is_tagged)
+        return found_lease([t for t in tagged if t.token], self.quorum, start)
 
     def abandon(self, name: str, lease_id: str) -> None:
         self._handovers.close(lease_id)
@@ -181,7 +195,7 @@ class Redlock:
     async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
         start = asyncio.get_running_loop().time()
         futures = [
-            node.call(scripts.EXTEND, (lock_key(name),), (lease_id, int(ttl * 1000)))
+            node.call(scripts.EXTEND, extend_keys(name), (lease_id, int(ttl * 1000)))
             for node in self.nodes
         ]
         decided = self._rounds.decider(_positive)
@@ -207,7 +221,7 @@ class Redlock:
         return True
 
     async def _inspect(self, name: str, *, early: bool) -> list[Inspected]:
-        keys = (lock_key(name), fence_key(name), SYNCED_KEY)
+        keys = inspect_keys(name)
         futures = [node.call(scripts.INSPECT, keys, (node.run_id or "",)) for node in self.nodes]
         n, q = len(self.nodes), self.quorum
 
@@ -229,7 +243,10 @@ class Redlock:
         if len(holders) >= self.quorum:
             token = Counter(r.token for r in holders).most_common(1)[0][0]
             ttl = sorted(r.pttl for r in holders)[len(holders) - self.quorum] / 1000
-            return LockInfo(name, True, token, ttl)
+            mode = Counter(r.mode or "exclusive" for r in holders).most_common(1)[0][0]
+            count = sorted((r.holders for r in holders), reverse=True)[self.quorum - 1]
+            permits = Counter(r.permits for r in holders).most_common(1)[0][0]
+            return LockInfo(name, True, token, ttl, mode, max(count, 1), permits)
         return LockInfo(name, False, counter, 0.0)
 
     async def issued(self, name: str) -> int:
@@ -253,6 +270,10 @@ class Redlock:
         causes = "; ".join(f"{k}: {v}" for k, v in rnd.errors(_can_grant).items())
         reason = f"{able} of {len(self.nodes)} nodes can grant, {self.quorum} needed: {causes}"
         return Readiness(False, reason, retry)
+
+
+def _is_tagged(reply: object) -> bool:
+    return isinstance(reply, Tagged)
 
 
 def _positive(reply: int | Failure) -> bool:

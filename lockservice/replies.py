@@ -20,12 +20,15 @@ __all__ = [
     "Granted",
     "Held",
     "Inspected",
+    "Mismatch",
     "Quarantined",
     "StateReply",
+    "Tagged",
     "Unsynced",
     "describe",
     "parse_acquire",
     "parse_count",
+    "parse_find",
     "parse_inspect",
     "parse_pong",
     "parse_scan",
@@ -40,6 +43,8 @@ class Code(enum.IntEnum):
     HELD = 0  # another lease holds it, or an earlier waiter is queued (acquire)
     QUARANTINED = -1  # resynced after a restart, waiting out max_ttl (R19)
     UNSYNCED = -2  # not synced in this run of the server (R17)
+    MISMATCH = -3  # semaphore holders of other permits hold it (R22)
+    TAGGED = -4  # the lease held with the try's idempotency tag is another one (R26)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +84,38 @@ class Unsynced:
 
 
 @dataclass(frozen=True, slots=True)
+class Mismatch:
+    """Semaphore holders with ``permits`` other than asked hold it (R22)."""
+
+    permits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tagged:
+    """The lease held with the idempotency tag: its id, token and ms left (R26)."""
+
+    token: int
+    pttl: int
+    lease_id: str
+
+
+KINDS = ("", "exclusive", "shared", "semaphore")  # inspect.lua's kind codes
+
+
+@dataclass(frozen=True, slots=True)
 class Inspected:
-    """inspect.lua: the holder's token (0 when free), its ms left, the counter."""
+    """inspect.lua: the holders' newest token (0 when free), ms until the last ends,
+    the counter, how many hold it, their mode ("" when free) and permits."""
 
     token: int
     pttl: int
     counter: int
+    holders: int = 0
+    mode: str = ""
+    permits: int = 0
 
 
-AcquireReply = Granted | Held | Quarantined | Unsynced | Failure
+AcquireReply = Granted | Held | Quarantined | Unsynced | Mismatch | Tagged | Failure
 StateReply = bool | Quarantined | Unsynced | Failure  # True: it can grant now
 
 # An answer without a counter (from an older acquire.lua) vouches for no hand-over.
@@ -115,7 +143,18 @@ def _unexpected(reply: Reply) -> Failure:
     return failure(reply) or Failure(f"unexpected reply {reply!r}")
 
 
+def _tagged(reply: Reply) -> Tagged | None:
+    """``{token, pttl, lease_id}`` (find.lua, and acquire.lua after its code)."""
+    if isinstance(reply, list) and len(reply) == 3:
+        token, pttl, lease_id = reply
+        if isinstance(token, int) and isinstance(pttl, int) and isinstance(lease_id, bytes):
+            return Tagged(token, pttl, lease_id.decode(errors="replace"))
+    return None
+
+
 def parse_acquire(reply: Reply) -> AcquireReply:
+    if isinstance(reply, list) and len(reply) == 4 and reply[0] == Code.TAGGED:
+        return _tagged(reply[1:]) or _unexpected(reply)
     fields = _ints(reply)
     if fields is None or len(fields) < 2:
         return _unexpected(reply)
@@ -128,16 +167,33 @@ def parse_acquire(reply: Reply) -> AcquireReply:
         return Quarantined(fields[1])
     if code == Code.UNSYNCED:
         return Unsynced()
+    if code == Code.MISMATCH:
+        return Mismatch(fields[1])
     return Failure(f"unexpected reply {reply!r}")
+
+
+def parse_find(reply: Reply) -> Tagged | Unsynced | Failure:
+    """find.lua: the lease held with the tag, or ``Tagged(0, 0, "")`` when none is."""
+    fields = _ints(reply)
+    if fields == [Code.UNSYNCED]:
+        return Unsynced()
+    if fields == [0]:
+        return Tagged(0, 0, "")
+    return _tagged(reply) or _unexpected(reply)
 
 
 def parse_inspect(reply: Reply) -> Inspected | Unsynced | Failure:
     fields = _ints(reply)
     if fields == [Code.UNSYNCED]:
         return Unsynced()
-    if fields is None or len(fields) != 3:
+    if fields is None or len(fields) not in (3, 6):
         return _unexpected(reply)
-    return Inspected(*fields)
+    if len(fields) == 3:
+        return Inspected(fields[0], fields[1], fields[2])
+    token, pttl, counter, holders, kind, permits = fields
+    if not 0 <= kind < len(KINDS):
+        return _unexpected(reply)
+    return Inspected(token, pttl, counter, holders, KINDS[kind], permits)
 
 
 def parse_state(reply: Reply) -> StateReply:
@@ -180,6 +236,10 @@ def describe(reply: object) -> str:
         return "restarted or new, not resynced yet (R17)"
     if isinstance(reply, Held):
         return "held by another lease" if reply.pttl else "earlier waiters are queued"
+    if isinstance(reply, Mismatch):
+        return f"held by semaphore leases of {reply.permits} permits"
+    if isinstance(reply, Tagged):
+        return "held by the lease of the idempotency key"
     if isinstance(reply, int) and not isinstance(reply, bool):
         return "refused: not held by this lease, or held by another" if reply == 0 else f"{reply}"
     return repr(reply)

@@ -10,6 +10,7 @@ __all__ = [
     "ACQUIRE",
     "ALL",
     "EXTEND",
+    "FIND",
     "INSPECT",
     "MARK_SYNCED",
     "RAISE_FENCE",
@@ -47,6 +48,7 @@ UNDO = _load("undo", "queue")
 EXTEND = _load("extend")
 RAISE_FENCE = _load("raise_fence")
 INSPECT = _load("inspect")
+FIND = _load("find", "queue")
 RESYNC = _load("resync")
 MARK_SYNCED = _load("mark_synced")
 RECOPIED = _load("recopied")
@@ -59,6 +61,7 @@ ALL = (
     EXTEND,
     RAISE_FENCE,
     INSPECT,
+    FIND,
     RESYNC,
     MARK_SYNCED,
     RECOPIED,

@@ -15,7 +15,10 @@ from tests._servers import RedisNode
 
 LOCK, FENCE, SYNCED, QUAR = "lock:{n}", "fence:{n}", "fencegate:synced", "fencegate:quarantine"
 WAITQ, WAITX, WAITT = "waitq:{n}", "waitx:{n}", "waitt:{n}"
-KEYS = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX, WAITT]
+HOLDERS, HOLDERT = "holders:{n}", "holdert:{n}"
+KEYS = [LOCK, FENCE, SYNCED, QUAR, WAITQ, WAITX, WAITT, HOLDERS, HOLDERT]
+INSPECT_KEYS = [LOCK, FENCE, SYNCED, HOLDERS, HOLDERT]
+RAISE_KEYS = [FENCE, LOCK, HOLDERS, HOLDERT]
 ID_A, ID_B = "a" * 32, "b" * 32
 BASE = 1_700_000_000_000_000
 RUN_ID = "r" * 40
@@ -49,7 +52,7 @@ def release(r: redis.Redis, lease_id: str, proc: str = PROC) -> object:
 def undo(r: redis.Redis, lease_id: str, ticket: str, ttl: int = 10_000, token: str = "") -> object:
     """Undo a failed try's grant, as a waiter with ``ticket`` does; a queued waiter
     names the grant's ``token``."""
-    args = undo_args(lease_id, "n", PROC, RUN_ID, ticket=ticket, ttl_ms=ttl, grant=token)
+    args = undo_args(lease_id, "n", PROC, RUN_ID, ticket=ticket, spec=str(ttl), grant=token)
     return run(r, scripts.UNDO, KEYS, list(args))
 
 
@@ -116,20 +119,22 @@ def test_release_only_by_owner_keeps_counter_and_tells_nobody_when_none_waits(
 
 def test_extend_only_by_owner_and_never_recreates(r: redis.Redis) -> None:
     acquire(r, ID_A, 1_000)
-    assert run(r, scripts.EXTEND, [LOCK], [ID_B, 60_000]) == 0
-    assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == BASE + 1  # the lease's token
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_B, 60_000]) == 0
+    assert (
+        run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 60_000]) == BASE + 1
+    )  # the lease's token
     assert r.pttl(LOCK) > 50_000
     r.delete(LOCK)
-    assert run(r, scripts.EXTEND, [LOCK], [ID_A, 60_000]) == 0
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 60_000]) == 0
     assert r.get(LOCK) is None
 
 
 def test_raise_fence_is_a_max_and_records_the_token(r: redis.Redis) -> None:
     acquire(r, ID_A)
     target = BASE + 7
-    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [target, ID_A]) == target
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [target, ID_A]) == target
     assert r.get(LOCK) == f"{ID_A}:{target}".encode()
-    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 2, ""]) == 0  # A holds it
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 2, ""]) == 0  # A holds it
     assert int(r.get(FENCE)) == target  # never lowers
     assert r.get(LOCK) == f"{ID_A}:{target}".encode()
 
@@ -137,21 +142,22 @@ def test_raise_fence_is_a_max_and_records_the_token(r: redis.Redis) -> None:
 def test_raise_fence_does_not_count_a_node_another_lease_holds(r: redis.Redis) -> None:
     """That lease's grant is older than the raise: its quorum may not be above it."""
     acquire(r, ID_A)
-    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 9, ID_B]) == 0
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 9, ID_B]) == 0
     assert int(r.get(FENCE)) == BASE + 9  # raised all the same
     assert r.get(LOCK) == f"{ID_A}:{BASE + 1}".encode()
     release(r, ID_A)
-    assert run(r, scripts.RAISE_FENCE, [FENCE, LOCK], [BASE + 10, ID_B]) == BASE + 10  # free
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 10, ID_B]) == BASE + 10  # free
 
 
 def test_inspect_never_reveals_the_lease_id(r: redis.Redis) -> None:
-    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [RUN_ID]) == [0, 0, 0]
+    assert run(r, scripts.INSPECT, INSPECT_KEYS, [RUN_ID]) == [0, 0, 0, 0, 0, 0]
     acquire(r, ID_A)
-    token, pttl, counter = run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [RUN_ID])  # type: ignore[misc]
+    token, pttl, counter, holders, kind, permits = run(r, scripts.INSPECT, INSPECT_KEYS, [RUN_ID])  # type: ignore[misc]
     assert token == counter == BASE + 1
     assert pttl > 0
+    assert (holders, kind, permits) == (1, 1, 0)  # one exclusive holder
     r.delete(SYNCED)
-    assert run(r, scripts.INSPECT, [LOCK, FENCE, SYNCED], [RUN_ID]) == [-2]
+    assert run(r, scripts.INSPECT, INSPECT_KEYS, [RUN_ID]) == [-2]
 
 
 def test_resync_raises_counters_only_upwards(r: redis.Redis) -> None:
