@@ -129,32 +129,47 @@ R22 Modes: an exclusive request conflicts with every holder; a shared one joins
     shared holders; a semaphore(N) one joins semaphore holders of the same N
     while fewer than N hold it; shared and semaphore conflict. A semaphore(N)
     request that finds semaphore holders of M != N fails at once with
-    ``PermitsMismatch`` (``memory._conflicts``).                         [I1, I5]
+    ``PermitsMismatch`` (from a majority of nodes). On a node, lock:{name} is
+    "<lease_id>:<token>" for an exclusive holder or "=<mode> <permits>" for a
+    group whose members are in holders:{name} (lease id by expiry, node ms)
+    and holdert:{name} (token and tag); every script that grants looks at
+    both, and a group's keys expire with its last member (``queue.lua:
+    joinable``, ``grant``, ``holder``; ``memory._conflicts``). Extend, release,
+    undo (R13 names a member's token alike) and round 2 (R4: a group counts
+    when the raising lease is a member: the others' grants are concurrent with
+    it, not earlier) work per lease for every kind.                 [I1, I5]
 R23 Every grant issues a new token, a shared one too (R1): a node orders its
     grants by token (R11-R13 compare them), so two grants on a node must not
     share one. A shared lease's token is thus the newest issued for the name
     at its grant (the max of its quorum's counters, raised by round 2 when
     they differ, R4) and a later exclusive grant's is larger (R3, R4)
     (``queue.lua: grant``, ``memory._token``).                          [I2, I6]
-R24 A semaphore grant, like an exclusive one, issues a new token (R1).      [I2]
-R25 FIFO across kinds: a request is served after every earlier queued one, so a
-    queued exclusive waiter blocks shared requests that come after it; the
-    shared waiters at the head are all granted when the lock becomes free
-    (in one process: ``turns``, one contender per name in arrival
-    order).                                                 [no writer starvation]
-R26 An acquire with an idempotency key stores a digest of the key (and of the
-    kind) with the holder's entry, so it is dropped with the lease; a later
-    acquire with that digest that finds it held answers that lease (its id,
-    token and remaining validity) before queueing, and a try that finds it
-    answers it instead of granting (``manager``, ``memory._tagged``).   [at most
-    one lease per key]
+R24 A semaphore grant, like an exclusive one, issues a new token (R1); grants
+    whose acquires overlap may share a token (the max of different quorums'
+    counters), so a semaphore's token orders its holders' writes but does not
+    exclude them.                                                          [I2]
+R25 FIFO across kinds: a request joins the holders only when no earlier waiter
+    is queued on the node (acquire.lua), so a queued exclusive waiter blocks
+    shared requests that come after it; the hand-over grants the queue's head
+    and then every next waiter that may join (all shared waiters at the head,
+    semaphore waiters while permits are left), publishing to each (``queue.lua:
+    hand_over``). In one process the manager's per-name turns keep arrival
+    order (``turns``).                                    [no writer starvation]
+R26 An acquire with an idempotency key stores a digest of the key and of the
+    kind (``lease.idempotency_tag``) with the holder's entry (holdert:{name},
+    which expires with the lease), never the key. A repeat first asks the
+    nodes (find.lua) and, when a majority names the lease held with the tag,
+    returns it (its id, token, and the validity a majority still gives it)
+    without queueing behind other waiters; a try that finds the tag's holder
+    answers it instead of granting or queueing (acquire.lua, ``acquire.
+    found_lease``, ``manager``, ``memory._tagged``).           [one lease per key]
 
 Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 (``waiter.py``) and the client and resync steps (``protocol_model.py``); its
 README has the table rule -> model step -> counterexample. Rules whose switch
-gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21 (R10, R18
-with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
+gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22 (R10,
+R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14, R23 are modelled, but no
 counterexample was found within the bounds searched.
 
 R1  lockservice/test_scripts: acquire_grants_and_issues_token_above_base
@@ -199,15 +214,21 @@ R20 faults/test_node_problems: a_node_that_may_evict_keys_never_counts
 R21 model: without_the_second_copy_a_resync_misses_a_grant_in_flight;
     faults/test_node_restart: a_grant_that_lands_after_the_first_copy_is_copied_again
 R22 lockservice/test_kinds: shared_leases_hold_together_and_exclude_an_exclusive_
-    one, a_semaphore_grants_up_to_permits_leases_with_increasing_tokens
+    one, a_semaphore_grants_up_to_permits_leases_with_increasing_tokens;
+    test_kinds_invariants (I1, I5 on memory, 1 and 3 nodes); faults/
+    test_kinds_faults: every_kind_keeps_its_invariants_while_a_node_fails,
+    a_cancelled_waiting_acquire_of_each_kind_leaves_nothing, held_and_released_
+    leases_of_each_kind_leave_nothing; model: without_the_rule (R22)
 R23 test_kinds: shared_leases_hold_together_..., a_shared_lock_never_locked_before_
-    gets_a_first_token
-R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens
+    gets_a_first_token; model: every_invariant_holds_for_shared_locks_...
+R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens;
+    test_kinds_invariants (I2)
 R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests,
-    shared_waiters_at_the_head_are_granted_together
+    shared_waiters_at_the_head_are_granted_together; model: the_node_model_
+    follows_the_scripts_for_groups
 R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
-    a_repeat_is_answered_even_behind_queued_waiters; test_memory:
-    idempotency_digests_go_with_their_leases
+    a_repeat_is_answered_even_behind_queued_waiters, idempotent_shared_and_
+    semaphore_leases; test_memory: idempotency_digests_go_with_their_leases
 """
 
 from __future__ import annotations

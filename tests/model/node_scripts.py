@@ -6,7 +6,13 @@ the node) and returns ``(node, reply, published)``: ``published`` is a hand-over
 leaves out: ``waitx``/``waitt`` (keepalive purge, per-waiter ttl: every lease
 asks the same ttl) and the run_id argument (see ``Node.synced``).
 Switchable rules acting here: R4 (raise_fence acks only a free or own lock),
-R12 (a try that finds a hand-over re-issues it), R13 (an undo names its grant).
+R12 (a try that finds a hand-over re-issues it), R13 (an undo names its grant),
+R22 (a lease joins the holders only when its mode may), R23 (every grant, a
+shared one too, issues a new token).
+
+Lock kinds (R22): ``lock`` is an exclusive holder; ``group`` the shared or
+semaphore holders (``holders:{name}``), all of ``mode``. Each client's mode and
+the semaphores' permits are ``Kinds``, passed to every script.
 """
 
 from __future__ import annotations
@@ -15,12 +21,35 @@ from typing import NamedTuple
 
 from tests.model.waiter import Rules
 
-__all__ = ["Lease", "Node", "acquire", "extend", "raise_fence", "release", "undo"]
+__all__ = [
+    "ALL_EXCLUSIVE",
+    "Kinds",
+    "Lease",
+    "Node",
+    "acquire",
+    "extend",
+    "raise_fence",
+    "release",
+    "undo",
+]
 
 Lease = tuple[int, int]  # (client, acquire number): the lease_id
 Lock = tuple[Lease, int, int]  # (lease, token, expiry tick)
-Published = tuple[Lease, int] | None
+Published = tuple[tuple[Lease, int], ...]  # hand-overs: (waiter, token) each
 Result = tuple["Node", object, Published]
+
+
+class Kinds(NamedTuple):
+    """Each client's mode (exclusive when not listed) and the semaphores' permits."""
+
+    modes: tuple[str, ...] = ()
+    permits: int = 1
+
+    def of(self, lease: Lease) -> str:
+        return self.modes[lease[0]] if lease[0] < len(self.modes) else "exclusive"
+
+
+ALL_EXCLUSIVE = Kinds()
 
 
 class Node(NamedTuple):
@@ -34,6 +63,8 @@ class Node(NamedTuple):
     base: int = 0  # the token base of the marker
     quarantine: int = 0  # fencegate:quarantine: refuses grants while now < this
     recopy: bool = False  # fencegate:recopy: refuses grants until copied again (R21)
+    group: tuple[Lock, ...] = ()  # shared or semaphore holders (R22), sorted
+    mode: str = ""  # the group's mode
 
     def grantable(self, now: int) -> int:
         """0 when the node may grant, else acquire.lua's code (-2 unsynced, -1 quarantined)."""
@@ -42,12 +73,50 @@ class Node(NamedTuple):
         return -1 if now < self.quarantine or self.recopy else 0
 
     def held_by(self, lease: Lease) -> bool:
-        return self.lock is not None and self.lock[0] == lease
+        return self.holding(lease) is not None
 
-    def grant(self, lease: Lease, now: int, ttl: int) -> tuple[Node, int]:
-        """queue.lua ``grant()``: INCR fence (above the base), SET lock PX ttl (R1, R2)."""
-        token = max(self.fence + 1, self.base + 1)
-        return self._replace(fence=token, lock=(lease, token, now + ttl)), token
+    def holding(self, lease: Lease) -> int | None:
+        """The token of ``lease``'s grant here, alone or in the group, or None."""
+        if self.lock is not None and self.lock[0] == lease:
+            return self.lock[1]
+        return next((token for who, token, _ in self.group if who == lease), None)
+
+    def free(self) -> bool:
+        return self.lock is None and not self.group
+
+    def joinable(self, mode: str, kinds: Kinds, rules: Rules) -> bool:
+        """queue.lua ``joinable``: free, or a group this mode may join (R22)."""
+        if self.free():
+            return True
+        if not rules.on("R22") and mode == "exclusive":
+            return self.lock is None  # a script that looks at lock:{name} alone
+        if mode == "exclusive" or self.lock is not None or self.mode != mode:
+            return False
+        return mode == "shared" or len(self.group) < kinds.permits
+
+    def without(self, lease: Lease) -> Node:
+        """The lease's grant given back (its place in the group, or the lock)."""
+        if self.lock is not None and self.lock[0] == lease:
+            return self._replace(lock=None)
+        group = tuple(m for m in self.group if m[0] != lease)
+        return self._replace(group=group, mode=self.mode if group else "")
+
+    def grant(
+        self, lease: Lease, now: int, ttl: int, mode: str = "exclusive", rules: Rules | None = None
+    ) -> tuple[Node, int]:
+        """queue.lua ``grant()``: INCR fence (above the base), SET lock PX ttl (R1, R2),
+        or a place in the group; a shared grant without R23 takes the counter as is."""
+        if mode == "shared" and rules is not None and not rules.on("R23") and self.fence:
+            token = self.fence
+        else:
+            token = max(self.fence + 1, self.base + 1)
+        node = self._replace(fence=token)
+        if mode == "exclusive":
+            return node._replace(lock=(lease, token, now + ttl)), token
+        group = tuple(
+            sorted((*(m for m in self.group if m[0] != lease), (lease, token, now + ttl)))
+        )
+        return node._replace(group=group, mode=mode), token
 
     def enqueue(self, lease: Lease, ticket: int) -> Node:
         if any(member == lease for _, member in self.queue):
@@ -62,82 +131,117 @@ class Node(NamedTuple):
         return self.queue[0][1] if self.queue else None
 
 
-def acquire(node: Node, lease: Lease, ticket: int, now: int, ttl: int, rules: Rules) -> Result:
+def acquire(
+    node: Node,
+    lease: Lease,
+    ticket: int,
+    now: int,
+    ttl: int,
+    rules: Rules,
+    kinds: Kinds = ALL_EXCLUSIVE,
+) -> Result:
     """acquire.lua for a waiter: ``(token, 0)``, ``(0, counter)``, or ``(code, 0)``."""
     code = node.grantable(now)
     if code:
-        return node, (code, 0), None
-    if node.lock is not None:
-        if node.lock[0] == lease:  # handed over meanwhile
-            if not rules.on("R12"):
-                return node, (node.lock[1], 0), None  # the old grant, as it stands
-            node, token = node.grant(lease, now, ttl)  # confirmed anew: new token, ttl
-            return node, (token, 0), None
-        return node.enqueue(lease, ticket), (0, node.fence), None
+        return node, (code, 0), ()
+    mode = kinds.of(lease)
+    held = node.holding(lease)
+    if held is not None:  # handed over meanwhile
+        if not rules.on("R12"):
+            return node, (held, 0), ()  # the old grant, as it stands
+        node, token = node.grant(lease, now, ttl, mode, rules)  # confirmed anew: new token, ttl
+        return node, (token, 0), ()
+    if not node.joinable(mode, kinds, rules):
+        return node.enqueue(lease, ticket), (0, node.fence), ()
     if node.queue:
         node = node.enqueue(lease, ticket)
         if node.head() != lease:
-            return node, (0, node.fence), None
+            return node, (0, node.fence), ()
         node, _ = node.dequeue(lease)
-    node, token = node.grant(lease, now, ttl)
-    return node, (token, 0), None
+    node, token = node.grant(lease, now, ttl, mode, rules)
+    return node, (token, 0), ()
 
 
-def _hand_over(node: Node, freed: bool, now: int, ttl: int) -> tuple[Node, Published]:
-    """queue.lua ``hand_over``: a freed lock goes to the queue's head, published to it."""
-    head = node.head()
-    if not freed or head is None or node.grantable(now):
-        return node, None  # an ungrantable node publishes a bare wake-up: not modelled
-    node, _ = node.dequeue(head)
-    node, token = node.grant(head, now, ttl)
-    return node, (head, token)
+def _hand_over(
+    node: Node, freed: bool, now: int, ttl: int, rules: Rules, kinds: Kinds
+) -> tuple[Node, Published]:
+    """queue.lua ``hand_over``: a freed lock (or permit) goes to the queue's head, and
+    to each next waiter that may join it (R25), each published to its waiter."""
+    published: Published = ()
+    while freed and node.head() is not None and not node.grantable(now):
+        head = node.head()
+        assert head is not None
+        mode = kinds.of(head)
+        if not node.joinable(mode, kinds, rules):
+            break
+        node, _ = node.dequeue(head)
+        node, token = node.grant(head, now, ttl, mode, rules)
+        published = (*published, (head, token))
+        if mode == "exclusive":
+            break
+    return node, published  # an ungrantable node publishes a bare wake-up: not modelled
 
 
-def release(node: Node, lease: Lease, now: int, ttl: int) -> Result:
+def release(
+    node: Node, lease: Lease, now: int, ttl: int, rules: Rules, kinds: Kinds = ALL_EXCLUSIVE
+) -> Result:
     """release.lua (a release, or an abandon: leave the queue too)."""
-    held = node.lock is not None
+    held = not node.free()
     owned = node.held_by(lease)
     if owned:
-        node = node._replace(lock=None)
+        node = node.without(lease)
     node, dequeued = node.dequeue(lease)
-    node, published = _hand_over(node, owned or (dequeued and not held), now, ttl)
+    node, published = _hand_over(node, owned or (dequeued and not held), now, ttl, rules, kinds)
     return node, int(owned), published
 
 
 def undo(
-    node: Node, lease: Lease, ticket: int | None, named: int, now: int, ttl: int, rules: Rules
+    node: Node,
+    lease: Lease,
+    ticket: int | None,
+    named: int,
+    now: int,
+    ttl: int,
+    rules: Rules,
+    kinds: Kinds = ALL_EXCLUSIVE,
 ) -> Result:
     """undo.lua: undo grant ``named`` (0: any grant of the lease, R13 off).
 
     ``ticket`` None: give the grant up; else keep it unless an earlier waiter is
     queued here (R15). Replies the token when kept, minus it when given up, 0 when
     the lease did not hold the lock."""
-    lock = node.lock
-    owned = lock is not None and lock[0] == lease and (not named or lock[1] == named)
-    if not owned or lock is None:
-        return node, 0, None
-    token = lock[1]
+    token = node.holding(lease)
+    if token is None or (named and token != named):
+        return node, 0, ()
     if ticket is not None:
         node = node.enqueue(lease, ticket)
         if node.head() == lease:
             node, _ = node.dequeue(lease)
-            return node, token, None
-    node, published = _hand_over(node._replace(lock=None), True, now, ttl)
+            return node, token, ()
+    node, published = _hand_over(node.without(lease), True, now, ttl, rules, kinds)
     return node, -token, published
 
 
 def raise_fence(node: Node, lease: Lease, token: int, rules: Rules) -> Result:
-    """raise_fence.lua: counter = max(counter, token); 0 when another lease holds it (R4)."""
+    """raise_fence.lua: counter = max(counter, token); 0 when another lease holds it
+    (R4): an exclusive holder, or a group the lease is not a member of."""
     node = node._replace(fence=max(node.fence, token))
+    if node.free():
+        return node, node.fence, ()
+    if node.holding(lease) is None:
+        return node, (0 if rules.on("R4") else node.fence), ()
     if node.lock is not None:
-        if node.lock[0] != lease:
-            return node, (0 if rules.on("R4") else node.fence), None
-        node = node._replace(lock=(lease, token, node.lock[2]))  # KEEPTTL
-    return node, node.fence, None
+        return node._replace(lock=(lease, token, node.lock[2])), node.fence, ()  # KEEPTTL
+    group = tuple(sorted((who, token if who == lease else t, e) for who, t, e in node.group))
+    return node._replace(group=group), node.fence, ()
 
 
 def extend(node: Node, lease: Lease, now: int, ttl: int) -> Result:
     """extend.lua: PEXPIRE if the lease holds it (never re-creates a lock): token or 0."""
-    if node.lock is None or node.lock[0] != lease:
-        return node, 0, None
-    return node._replace(lock=(lease, node.lock[1], now + ttl)), node.lock[1], None
+    token = node.holding(lease)
+    if token is None:
+        return node, 0, ()
+    if node.lock is not None:
+        return node._replace(lock=(lease, token, now + ttl)), token, ()
+    group = tuple(sorted((w, t, now + ttl if w == lease else e) for w, t, e in node.group))
+    return node._replace(group=group), token, ()

@@ -53,6 +53,7 @@ class Model:
         self.n = bounds.nodes
         self.q = bounds.nodes // 2 + 1
         self.cut = bounds.ttl - bounds.drift  # R5: validity = ttl - drift(ttl)
+        self.kinds = ns.Kinds(bounds.modes, bounds.permits)
 
     def initial(self) -> State:
         nodes = (Node(fence=self.b.counter),) * self.n
@@ -107,6 +108,11 @@ class Model:
     def _leased(self, s: State, c: int, token: int, valid_until: int) -> State:
         if valid_until <= s.now:  # took longer than the ttl: undo, try again
             return self._client(self._undo(s, c, give_up=False), c, phase="waiting")
+        cl = s.clients[c]
+        shared = self.kinds.of((c, 0)) == "shared"  # I6: never below, may equal
+        below = token < cl.floor if shared else token <= cl.floor
+        if self.b.modes and below and not s.broken:
+            s = s._replace(broken=f"I2: lease {(c, cl.acquires)} got token {token} <= {cl.floor}")
         s = s._replace(leases=(*s.leases, token))
         return self._client(
             s, c, phase="holding", pending=None, token=token, valid_until=valid_until, extends=0
@@ -211,6 +217,7 @@ class Model:
             s2 = self._client(
                 s, c, acquires=cl.acquires + 1, pending=pending, tries=0, deaf=frozenset(),
                 ticket=s.now * 100 + sum(x.acquires for x in s.clients),  # arrival order
+                floor=max(s.leases, default=0) if self.b.modes else 0,  # else: by creation
             )  # fmt: skip
             yield ("acquire", c), self._attempt(s2, c)
         elif cl.phase == "waiting":
@@ -244,24 +251,24 @@ class Model:
     # nodes
     def run(self, s: State, n: int, msg: Msg) -> tuple[State, object]:
         """Node ``n`` runs one request; returns the state and the reply."""
-        node, now, ttl, rules = s.nodes[n], s.now, self.b.ttl, self.rules
+        node, now, ttl, rules, kinds = s.nodes[n], s.now, self.b.ttl, self.rules, self.kinds
         kind, lease = msg[0], msg[1]
         assert isinstance(lease, tuple)
         if kind == "acq":
-            node, reply, pub = ns.acquire(node, lease, msg[2], now, ttl, rules)  # type: ignore[arg-type]
+            node, reply, pub = ns.acquire(node, lease, msg[2], now, ttl, rules, kinds)  # type: ignore[arg-type]
         elif kind == "undo":
             ticket = msg[2] if msg[2] != -1 else None
-            node, reply, pub = ns.undo(node, lease, ticket, msg[3], now, ttl, rules)  # type: ignore[arg-type]
+            node, reply, pub = ns.undo(node, lease, ticket, msg[3], now, ttl, rules, kinds)  # type: ignore[arg-type]
         elif kind == "rel":
-            node, reply, pub = ns.release(node, lease, now, ttl)
+            node, reply, pub = ns.release(node, lease, now, ttl, rules, kinds)
         elif kind == "raise":
             node, reply, pub = ns.raise_fence(node, lease, msg[2], rules)  # type: ignore[arg-type]
         else:
             node, reply, pub = ns.extend(node, lease, now, ttl)
         s = s._replace(nodes=put(s.nodes, n, node))
-        if pub is not None:
-            link = (self.b.clients + pub[0][0]) * self.n + n
-            s = s._replace(inflight=(*s.inflight, (link, ("handover", pub[0], pub[1], n))))
+        for waiter, token in pub:
+            link = (self.b.clients + waiter[0]) * self.n + n
+            s = s._replace(inflight=(*s.inflight, (link, ("handover", waiter, token, n))))
         return s, reply
 
     def _deliver(self, s: State, c: int, n: int, msg: Msg, reply: object) -> State:
@@ -385,9 +392,7 @@ class Model:
 
     def _tick(self, s: State) -> State:
         now = s.now + 1
-        nodes = tuple(
-            x._replace(lock=None) if x.lock is not None and x.lock[2] <= now else x for x in s.nodes
-        )
+        nodes = tuple(_expire(x, now) for x in s.nodes)
         return s._replace(now=now, nodes=nodes)
 
     def successors(self, s: State) -> Iterator[tuple[Label, State]]:
@@ -457,12 +462,31 @@ class Model:
     # invariants
     def violation(self, s: State) -> str | None:
         valid = [c for c, cl in enumerate(s.clients) if believes(cl, s.now)]
-        if len(valid) > 1:
-            return f"I1: clients {valid} both hold a valid lease at t={s.now}"
-        for earlier, later in zip(s.leases, s.leases[1:], strict=False):
-            if later <= earlier:
-                return f"I2: a lease got token {later} after a lease with token {earlier}"
+        modes = [self.kinds.of((c, 0)) for c in valid]
+        if len(valid) > 1 and "exclusive" in modes:
+            return f"I1: clients {valid} ({modes}) both hold a valid lease at t={s.now}"
+        if modes.count("semaphore") > self.b.permits:
+            return (
+                f"I5: clients {valid} hold {modes.count('semaphore')} semaphore leases at t={s.now}"
+            )
+        if s.broken:
+            return s.broken
+        if not self.b.modes:  # exclusive leases never overlap: ordered by creation
+            for earlier, later in zip(s.leases, s.leases[1:], strict=False):
+                if later <= earlier:
+                    return f"I2: a lease got token {later} after a lease with token {earlier}"
         for n, node in enumerate(s.nodes):
-            if node.lock is not None and not s.now < node.lock[2] <= s.now + self.b.ttl:
-                return f"I3: node {n} holds {node.lock} beyond its ttl at t={s.now}"
+            for lock in (node.lock, *node.group):
+                if lock is not None and not s.now < lock[2] <= s.now + self.b.ttl:
+                    return f"I3: node {n} holds {lock} beyond its ttl at t={s.now}"
         return None
+
+
+def _expire(node: Node, now: int) -> Node:
+    """Locks and group members whose ttl ran out are gone."""
+    if node.lock is not None and node.lock[2] <= now:
+        node = node._replace(lock=None)
+    if node.group:
+        group = tuple(m for m in node.group if m[2] > now)
+        node = node._replace(group=group, mode=node.mode if group else "")
+    return node

@@ -45,6 +45,8 @@ class Bounds(NamedTuple):
     reorders: int = 2  # messages taken before an earlier-sent message of another link
     kinds: frozenset[str] = FAULTS  # the kinds of fault that may happen
     counter: int = 0  # fence:{name} on every node at the start (earlier leases)
+    modes: tuple[str, ...] = ()  # each client's lock kind (R22): exclusive when not listed
+    permits: int = 1  # of every semaphore client
 
 
 class Client(NamedTuple):
@@ -60,6 +62,7 @@ class Client(NamedTuple):
     token: int = 0
     valid_until: int = 0
     extends: int = 0
+    floor: int = 0  # the largest token of a lease completed before this acquire began (I2)
 
 
 class State(NamedTuple):
@@ -76,6 +79,7 @@ class State(NamedTuple):
     crashes: int = 0
     leases: tuple[int, ...] = ()  # tokens of the leases granted, in order of creation
     reorders: int = 0
+    broken: str = ""  # I2 of a lease whose token was not above its acquire's floor
 
 
 def put(items: tuple[T, ...], i: int, value: T) -> tuple[T, ...]:

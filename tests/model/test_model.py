@@ -16,7 +16,7 @@ import os
 import pytest
 
 from tests.model.explore import explore, main, replay
-from tests.model.node_scripts import Node, acquire, undo
+from tests.model.node_scripts import Kinds, Node, acquire, release, undo
 from tests.model.protocol_model import Bounds, Model
 from tests.model.waiter import Rules
 
@@ -31,6 +31,17 @@ HOLDS = {
     "one fault, no crash": Bounds(max_time=0, faults=1, kinds=NO_CRASH, reorders=1, tries=1),
 }
 
+# Lock kinds (R22-R25): a shared and an exclusive client; three semaphore clients of 2
+# permits. Every rule on, explored completely: no violation of I1, I2/I6, I5.
+KINDS = {
+    "shared and exclusive": Bounds(
+        modes=("exclusive", "shared"), max_time=2, faults=0, reorders=1, tries=1
+    ),
+    "semaphore of 2, three clients": Bounds(
+        clients=3, modes=("semaphore",) * 3, permits=2, max_time=1, faults=0, reorders=0, tries=1
+    ),
+}
+
 # rule switched off -> (bounds that reach a counterexample, the invariant it breaks)
 TEETH: dict[str, tuple[Bounds, str]] = {
     "R3": (Bounds(acquires=(2, 1), max_time=0, faults=0, reorders=1), "I2"),
@@ -38,6 +49,8 @@ TEETH: dict[str, tuple[Bounds, str]] = {
     "R12": (Bounds(acquires=(2, 1), max_time=2, faults=0, reorders=1), "I1"),
     "R17": (Bounds(max_time=0, faults=1, kinds=CRASH, reorders=1), "I1"),
     "R19": (Bounds(max_time=0, faults=1, kinds=CRASH, reorders=1), "I1"),
+    # an exclusive try that looks at lock:{name} alone joins a group of shared holders
+    "R22": (Bounds(modes=("exclusive", "shared"), max_time=0, faults=0, reorders=0), "I1"),
 }
 DEEP_TEETH: dict[str, tuple[Bounds, str]] = {
     "R10": (Bounds(acquires=(2, 1), max_time=2, faults=0, reorders=1), "I1"),
@@ -60,6 +73,15 @@ def test_every_invariant_holds_within_the_bounds(name: str) -> None:
     assert result.violation is None, "\n".join(result.trace)
     assert result.complete, "the bounds were not explored completely: " + result.summary()
     assert result.states > 50_000  # the bounds are not trivial
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_invariant_holds_for_shared_locks_and_semaphores(name: str) -> None:
+    result = explore(Model(KINDS[name]), seconds=45)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, "the bounds were not explored completely: " + result.summary()
+    assert result.states > 20_000  # the bounds are not trivial
 
 
 def test_a_restart_during_a_grant_keeps_tokens_increasing() -> None:
@@ -132,12 +154,33 @@ def test_the_node_model_follows_the_scripts() -> None:
     # given up, the lock goes to the queue's head with a new token, published to it
     node, reply, published = undo(node, (0, 1), None, 1, 0, 2, rules)
     assert reply == -1
-    assert published == ((1, 1), 2)
+    assert published == (((1, 1), 2),)
     assert node.lock == ((1, 1), 2, 2)
     # a try that finds the hand-over confirms it anew (R12): a new token and ttl
     node, reply, _ = acquire(node, (1, 1), 1, 1, 2, rules)
     assert reply == (3, 0)
     assert node.lock == ((1, 1), 3, 3)
+
+
+def test_the_node_model_follows_the_scripts_for_groups() -> None:
+    """Spot checks of the group of shared or semaphore holders (queue.lua)."""
+    rules, kinds = Rules(), Kinds(("shared", "shared", "exclusive", "shared"))
+    node, reply, _ = acquire(Node(), (0, 1), 0, 0, 2, rules, kinds)
+    node, reply, _ = acquire(node, (1, 1), 1, 0, 2, rules, kinds)
+    assert reply == (2, 0)  # joined, with a token of its own (R23)
+    assert node.group == (((0, 1), 1, 2), ((1, 1), 2, 2))
+    node, reply, _ = acquire(node, (2, 1), 2, 0, 2, rules, kinds)
+    assert reply == (0, 2)  # the exclusive waits, queued
+    node, reply, _ = acquire(node, (3, 1), 3, 0, 2, rules, kinds)
+    assert reply == (0, 2)  # a later shared request queues behind it (R25)
+    node, _, published = release(node, (0, 1), 0, 2, rules, kinds)
+    assert published == ()  # one shared holder is left
+    node, _, published = release(node, (1, 1), 0, 2, rules, kinds)
+    assert published == (((2, 1), 3),)  # the exclusive alone
+    node, _, published = release(node, (2, 1), 0, 2, rules, kinds)
+    assert published == (((3, 1), 4),)
+    assert node.group == (((3, 1), 4, 2),)
+    assert node.lock is None
 
 
 def test_the_command_line_prints_the_trace_and_rate(capsys: pytest.CaptureFixture[str]) -> None:
