@@ -9,6 +9,9 @@ and aioredlock (install them with ``pip install -e .[bench]``).
     .venv/bin/python -m benchmarks.locks            # full run (several minutes)
     .venv/bin/python -m benchmarks.locks --quick    # a short smoke run
 
+Shared locks (``kinds/3node``): a shared acquire+release cycle of one client,
+and readers holding a shared lease in a loop while one writer takes the lock.
+
 Results: printed, and written to benchmarks/results/locks.md and locks.json.
 """
 
@@ -302,6 +305,62 @@ async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[
     }
 
 
+async def kinds(urls: list[str], seconds: float, readers: int = 16) -> dict[str, dict[str, float]]:
+    """fencegate's shared locks: one client's shared acquire+release cycles (against the
+    exclusive ones of ``one_client``), and ``readers`` reader tasks holding a shared
+    lease for 1 ms in a loop while one writer takes the exclusive lock in a loop: how
+    many cycles each side makes, and how long the writer waits (no writer starvation)."""
+    mgr = await LockManager.connect(urls)
+    loop = asyncio.get_running_loop()
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for _ in range(50):  # warm up
+            await mgr.release(await mgr.acquire("bench:shared", ttl=10.0, mode="shared"))
+        lat: list[float] = []
+        cycles, start = 0, loop.time()
+        while loop.time() < start + seconds and cycles < 200_000:
+            t0 = time.perf_counter()
+            lease = await mgr.acquire("bench:shared", ttl=10.0, mode="shared")
+            lat.append(time.perf_counter() - t0)
+            await mgr.release(lease)
+            cycles += 1
+        out["shared one_client"] = {
+            "cycles_per_s": cycles / (loop.time() - start),
+            "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
+        }  # fmt: skip
+        end = loop.time() + seconds
+        done = {"reader": 0, "writer": 0}
+        writer_waits: list[float] = []
+
+        async def reader() -> None:
+            while loop.time() < end:
+                lease = await mgr.acquire("bench:rw", ttl=10.0, wait=10.0, mode="shared")
+                await asyncio.sleep(0.001)
+                await mgr.release(lease)
+                done["reader"] += 1
+
+        async def writer() -> None:
+            while loop.time() < end:
+                t0 = time.perf_counter()
+                lease = await mgr.acquire("bench:rw", ttl=10.0, wait=10.0)
+                writer_waits.append(time.perf_counter() - t0)
+                await mgr.release(lease)
+                done["writer"] += 1
+
+        start = loop.time()
+        await asyncio.gather(writer(), *(reader() for _ in range(readers)))
+        elapsed = loop.time() - start
+        out[f"{readers} readers + 1 writer"] = {
+            "reader_cycles_per_s": done["reader"] / elapsed,
+            "writer_cycles_per_s": done["writer"] / elapsed,
+            "writer_wait_p50_ms": pct(writer_waits, 0.5) * 1e3,
+            "writer_wait_p99_ms": pct(writer_waits, 0.99) * 1e3,
+        }
+    finally:
+        await mgr.close()
+    return out
+
+
 async def memory_flat(urls: list[str], names: int) -> dict[str, float]:
     mgr = await LockManager.connect(urls)
     loop = asyncio.get_running_loop()
@@ -369,6 +428,11 @@ async def main(args: argparse.Namespace) -> None:
             r = await contention(make, urls, nodes, args.seconds * 2)
             results["contention/3node"][lib] = r
             print(f"{'contention/3node':22} {lib:26} {json.dumps(r)}", flush=True)
+        if "fencegate" in libs:
+            for n in nodes:
+                n.flushall()
+            results["kinds/3node"] = await kinds(urls, args.seconds)
+            print(f"{'kinds/3node':22} {json.dumps(results['kinds/3node'])}", flush=True)
         if args.names:
             for n in nodes:
                 n.flushall()
@@ -402,7 +466,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
     ]
     for key, table in results.items():
-        if not isinstance(table, dict) or key.startswith("memory"):
+        if not isinstance(table, dict) or key.startswith(("memory", "kinds")):
             continue
         lines.append(f"## {key}")
         lines.append("")
@@ -422,6 +486,9 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 f"; fencegate / raw SET NX PX + DEL: {table['fencegate'][metric] / raw:.2f}x"
             )
         lines.append("")
+    for case, row in results.get("kinds/3node", {}).items():
+        cells = ", ".join(f"{metric} {value:.3g}" for metric, value in row.items())
+        lines += [f"## kinds/3node: {case} (fencegate)", "", cells + ".", ""]
     if "memory/3node" in results:
         m = results["memory/3node"]
         lines += [
