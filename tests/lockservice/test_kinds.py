@@ -268,3 +268,43 @@ async def test_bad_kinds_are_refused(make_manager: MakeManager) -> None:
     with pytest.raises(ValueError, match="permits"):
         a.handle("k/bad", "a" * 32, "semaphore", 0)
     assert not (await a.inspect("k/bad")).held
+
+
+async def test_a_stream_of_shared_requests_does_not_starve_a_queued_exclusive(
+    make_manager: MakeManager,
+) -> None:
+    """Readers keep arriving, each holding 100 ms, so that the lock is never free of
+    readers; a writer that queues is still served after the readers that held it when
+    it arrived, not when the stream ends (R25)."""
+    a, b = await two(make_manager)
+    loop = asyncio.get_running_loop()
+    stream_ends = loop.time() + 2.0
+    readers_done = 0
+
+    async def reader(mgr: LockManager) -> None:
+        nonlocal readers_done
+        lease = await mgr.acquire("k/stream", ttl=5.0, wait=5.0, mode="shared")
+        await asyncio.sleep(0.1)
+        await mgr.release(lease)
+        readers_done += 1
+
+    async def stream() -> None:
+        tasks = []
+        i = 0
+        while loop.time() < stream_ends:
+            tasks.append(asyncio.create_task(reader((a, b)[i % 2])))
+            i += 1
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*tasks)
+
+    flow = asyncio.create_task(stream())
+    await asyncio.sleep(0.3)  # readers overlap: the lock is never free of them
+    asked = loop.time()
+    writer = await b.acquire("k/stream", ttl=5.0, wait=5.0)
+    waited = loop.time() - asked
+    await b.release(writer)
+    assert loop.time() < stream_ends, "the writer was served only when the stream ended"
+    assert waited < 1.0, waited
+    async with asyncio.timeout(10):
+        await flow
+    assert readers_done > 50
