@@ -32,13 +32,42 @@ HOLDS = {
 }
 
 # Lock kinds (R22-R25): a shared and an exclusive client; three semaphore clients of 2
-# permits. Every rule on, explored completely: no violation of I1, I2/I6, I5.
+# permits; one client of each kind. Every rule on, explored completely: no violation
+# of I1, I2/I6, I5 (about 20 s together).
 KINDS = {
     "shared and exclusive": Bounds(
         modes=("exclusive", "shared"), max_time=2, faults=0, reorders=1, tries=1
     ),
     "semaphore of 2, three clients": Bounds(
         clients=3, modes=("semaphore",) * 3, permits=2, max_time=1, faults=0, reorders=0, tries=1
+    ),
+    "one client of each kind": Bounds(
+        clients=3,
+        modes=("shared", "exclusive", "semaphore"),
+        max_time=1,
+        faults=0,
+        reorders=0,
+        tries=1,
+    ),
+}
+
+# The same with faults (about 80 s more, with FENCEGATE_MODEL_DEEP=1).
+DEEP_KINDS = {
+    "shared and exclusive, one fault, no crash": Bounds(
+        modes=("exclusive", "shared"), max_time=0, faults=1, kinds=NO_CRASH, reorders=1, tries=1
+    ),
+    "shared and exclusive, one crash": Bounds(
+        modes=("exclusive", "shared"), max_time=0, faults=1, kinds=CRASH, reorders=1
+    ),
+    "semaphore of 2, three clients, one fault, no crash": Bounds(
+        clients=3,
+        modes=("semaphore",) * 3,
+        permits=2,
+        max_time=0,
+        faults=1,
+        kinds=NO_CRASH,
+        reorders=0,
+        tries=1,
     ),
 }
 
@@ -82,6 +111,15 @@ def test_every_invariant_holds_for_shared_locks_and_semaphores(name: str) -> Non
     assert result.violation is None, "\n".join(result.trace)
     assert result.complete, "the bounds were not explored completely: " + result.summary()
     assert result.states > 20_000  # the bounds are not trivial
+
+
+@pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
+@pytest.mark.parametrize("name", sorted(DEEP_KINDS))
+def test_every_invariant_holds_for_shared_locks_and_semaphores_with_faults(name: str) -> None:
+    result = explore(Model(DEEP_KINDS[name]), seconds=120)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, "the bounds were not explored completely: " + result.summary()
 
 
 def test_a_restart_during_a_grant_keeps_tokens_increasing() -> None:
