@@ -336,3 +336,126 @@ def test_undo_breaks_a_ticket_tie_like_the_queue(r: redis.Redis) -> None:
     assert undo(r, ID_B, ticket="5", token=str(BASE + 2)) == -(BASE + 2)
     assert r.get(LOCK) == f"{ID_A}:{BASE + 3}".encode()
     assert r.zrange(WAITQ, 0, -1) == [member(ID_B)]  # B queued again, behind A
+
+
+# lock kinds (R22-R26)
+ID_C, ID_D = "c" * 32, "d" * 32
+
+
+def take(
+    r: redis.Redis,
+    lease_id: str,
+    mode: str,
+    permits: int = 0,
+    *,
+    ticket: str = "",
+    tag: str = "",
+    proc: str = PROC,
+    ttl: int = 10_000,
+) -> object:
+    args = [lease_id, ttl, ticket, 3_000, RUN_ID, proc, mode, permits, tag]
+    return run(r, scripts.ACQUIRE, KEYS, args)
+
+
+def test_shared_leases_join_a_group_and_each_gets_a_token_of_its_own(r: redis.Redis) -> None:
+    assert take(r, ID_A, "shared") == [BASE + 1, 0]
+    assert take(r, ID_B, "shared", ttl=20_000) == [BASE + 2, 0]
+    assert r.get(LOCK) == b"=shared 0"
+    assert r.zrange(HOLDERS, 0, -1) == [ID_A.encode(), ID_B.encode()]
+    assert r.pttl(LOCK) > 19_000  # the group ends with its last member
+    assert take(r, ID_C, "exclusive")[0] == 0  # type: ignore[index]
+    assert take(r, ID_C, "semaphore", 2)[0] == 0  # type: ignore[index]
+    token, pttl, counter, holders, kind, permits = run(r, scripts.INSPECT, INSPECT_KEYS, [RUN_ID])  # type: ignore[misc]
+    assert (token, counter, holders, kind, permits) == (BASE + 2, BASE + 2, 2, 2, 0)
+    assert 19_000 < pttl <= 20_000  # until the last member ends
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 30_000]) == BASE + 1
+    assert r.pttl(LOCK) > 29_000
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_C, 30_000]) == 0
+    assert release(r, ID_A) == 1
+    assert release(r, ID_A) == 0
+    assert r.get(LOCK) == b"=shared 0"
+    assert release(r, ID_B) == 1
+    assert r.exists(LOCK, HOLDERS, HOLDERT) == 0  # the group's keys go with it
+    assert take(r, ID_C, "exclusive") == [BASE + 3, 0]
+
+
+def test_a_semaphore_holds_up_to_its_permits_and_refuses_other_permits(r: redis.Redis) -> None:
+    assert take(r, ID_A, "semaphore", 2) == [BASE + 1, 0]
+    assert take(r, ID_B, "semaphore", 3) == [-3, 2]  # R22: a mismatch, at once
+    assert take(r, ID_B, "semaphore", 2) == [BASE + 2, 0]
+    assert take(r, ID_C, "semaphore", 2)[0] == 0  # type: ignore[index]  # full
+    assert take(r, ID_C, "shared")[0] == 0  # type: ignore[index]
+    assert release(r, ID_A) == 1
+    assert take(r, ID_C, "semaphore", 2) == [BASE + 3, 0]  # a permit came free
+
+
+def test_expired_members_leave_the_group(r: redis.Redis) -> None:
+    take(r, ID_A, "shared", ttl=50)
+    take(r, ID_B, "shared", ttl=10_000)
+    time.sleep(0.06)
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 10_000]) == 0  # R6
+    assert take(r, ID_C, "shared")[0] > 0  # type: ignore[index,operator]
+    assert r.zrange(HOLDERS, 0, -1) == [ID_B.encode(), ID_C.encode()]
+
+
+def test_a_release_hands_the_lock_to_every_shared_waiter_at_the_head(r: redis.Redis) -> None:
+    take(r, ID_A, "exclusive")
+    for lease_id, ticket in ((ID_B, "1"), (ID_C, "2")):
+        assert take(r, lease_id, "shared", ticket=ticket, proc="p2")[0] == 0  # type: ignore[index]
+    assert take(r, ID_D, "exclusive", ticket="3", proc="p3")[0] == 0  # type: ignore[index]
+    assert take(r, "e" * 32, "shared", ticket="4", proc="p2")[0] == 0  # type: ignore[index]
+    pubsub = listen(r, f"{CHAN}:p2", f"{CHAN}:p3")
+    assert release(r, ID_A) == 1
+    heard = [pubsub.get_message(timeout=1) for _ in range(2)]
+    assert [m["data"] for m in heard if m] == [
+        f"n\n{ID_A}\n{ID_B}\n{BASE + 2}".encode(),
+        f"n\n{ID_A}\n{ID_C}\n{BASE + 3}".encode(),
+    ]
+    assert pubsub.get_message(timeout=0.1) is None  # the exclusive waiter is next, alone
+    assert r.zrange(HOLDERS, 0, -1) == [ID_B.encode(), ID_C.encode()]
+    assert r.zrange(WAITQ, 0, -1) == [member(ID_D, "p3"), member("e" * 32, "p2")]
+    release(r, ID_B, proc="p2")
+    assert pubsub.get_message(timeout=0.1) is None
+    release(r, ID_C, proc="p2")
+    message = pubsub.get_message(timeout=1)
+    assert message is not None
+    assert message["data"] == f"n\n{ID_C}\n{ID_D}\n{BASE + 4}".encode()
+    assert r.get(LOCK) == f"{ID_D}:{BASE + 4}".encode()
+    pubsub.close()
+
+
+def test_an_undo_of_a_member_names_its_token(r: redis.Redis) -> None:
+    take(r, ID_A, "shared")
+    take(r, ID_B, "shared")
+    args = undo_args(ID_B, "n", PROC, RUN_ID, ticket="", spec="10000 shared 0 ", grant="")
+    assert run(r, scripts.UNDO, KEYS, [*args[:-1], str(BASE + 1)]) == 0  # A's token: not B's
+    assert run(r, scripts.UNDO, KEYS, list(args)) == -(BASE + 2)
+    assert r.zrange(HOLDERS, 0, -1) == [ID_A.encode()]
+
+
+def test_raise_fence_counts_a_group_only_for_its_members(r: redis.Redis) -> None:
+    take(r, ID_A, "semaphore", 2)
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 9, ID_B]) == 0  # not a member
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 10, ID_A]) == BASE + 10
+    assert r.hget(HOLDERT, ID_A) == f"{BASE + 10} ".encode()  # R16: the lease's token
+
+
+def test_a_try_with_a_tag_answers_the_lease_held_with_it(r: redis.Redis) -> None:
+    tag = "t" * 32
+    keys_find = [tag, RUN_ID]
+    assert run(r, scripts.FIND, KEYS, keys_find) == [0]
+    take(r, ID_A, "exclusive", tag=tag)
+    assert r.hget(HOLDERT, ID_A) == f"{BASE + 1} {tag}".encode()
+    code, token, pttl, lease_id = take(r, ID_B, "exclusive", tag=tag, ticket="5")  # type: ignore[misc]
+    assert (code, token, lease_id) == (-4, BASE + 1, ID_A.encode())
+    assert 9_000 < pttl <= 10_000
+    assert r.zcard(WAITQ) == 0  # answered, not queued
+    found = run(r, scripts.FIND, KEYS, keys_find)
+    assert found[:1] + found[2:] == [BASE + 1, ID_A.encode()]  # type: ignore[index,operator]
+    release(r, ID_A)
+    assert run(r, scripts.FIND, KEYS, keys_find) == [0]
+    assert r.exists(HOLDERT) == 0  # the digest went with the lease
+    take(r, ID_C, "shared", tag=tag)
+    assert take(r, ID_D, "shared", tag=tag)[::3] == [-4, ID_C.encode()]  # type: ignore[index]
+    r.delete(SYNCED)
+    assert run(r, scripts.FIND, KEYS, keys_find) == [-2]
