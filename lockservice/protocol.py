@@ -218,17 +218,23 @@ R22 lockservice/test_kinds: shared_leases_hold_together_and_exclude_an_exclusive
     test_kinds_invariants (I1, I5 on memory, 1 and 3 nodes); faults/
     test_kinds_faults: every_kind_keeps_its_invariants_while_a_node_fails,
     a_cancelled_waiting_acquire_of_each_kind_leaves_nothing, held_and_released_
-    leases_of_each_kind_leave_nothing; model: without_the_rule (R22)
+    leases_of_each_kind_leave_nothing; test_scripts: shared_leases_join_a_group_...,
+    a_semaphore_holds_up_to_its_permits_..., expired_members_leave_the_group,
+    an_undo_of_a_member_names_its_token, raise_fence_counts_a_group_only_for_its_
+    members; model: without_the_rule (R22), every_invariant_holds_for_shared_...
 R23 test_kinds: shared_leases_hold_together_..., a_shared_lock_never_locked_before_
     gets_a_first_token; model: every_invariant_holds_for_shared_locks_...
 R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens;
     test_kinds_invariants (I2)
 R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests,
-    shared_waiters_at_the_head_are_granted_together; model: the_node_model_
-    follows_the_scripts_for_groups
+    shared_waiters_at_the_head_are_granted_together, a_stream_of_shared_requests_
+    does_not_starve_a_queued_exclusive; test_scripts: a_release_hands_the_lock_to_
+    every_shared_waiter_at_the_head; model: the_node_model_follows_the_scripts_for_
+    groups
 R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     a_repeat_is_answered_even_behind_queued_waiters, idempotent_shared_and_
-    semaphore_leases; test_memory: idempotency_digests_go_with_their_leases
+    semaphore_leases; test_scripts: a_try_with_a_tag_answers_the_lease_held_with_
+    it; test_memory: idempotency_digests_go_with_their_leases
 """
 
 from __future__ import annotations
