@@ -110,3 +110,29 @@ async def test_held_and_released_leases_of_each_kind_leave_nothing(
     await asyncio.sleep(0.3)
     assert _left_behind(own_redis3, name) == []
     assert lease.expired
+
+
+@pytest.mark.parametrize("steps", range(0, 8, 2))
+@pytest.mark.parametrize("kind", ["shared", "semaphore"])
+async def test_an_acquire_of_each_kind_cancelled_mid_round_leaves_nothing(
+    own_redis3: list[RedisNode], connect: Connect, kind: str, steps: int
+) -> None:
+    """Cancelled after ``steps`` loop iterations: before, during and after the replies."""
+    mgr = await connect(own_redis3)
+    name = f"kcancel-mid/{kind}"
+    other = await mgr.acquire(name, ttl=MAX_TTL, mode="shared")  # a holder that stays
+    if kind == "semaphore":
+        await mgr.release(mgr.handle(name, other.lease_id, "shared"))
+        other = await mgr.acquire_semaphore(name, 2, ttl=MAX_TTL)
+        task = asyncio.create_task(mgr.acquire_semaphore(name, 2, ttl=MAX_TTL))
+    else:
+        task = asyncio.create_task(mgr.acquire(name, ttl=MAX_TTL, mode="shared"))
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    (outcome,) = await asyncio.gather(task, return_exceptions=True)
+    if not isinstance(outcome, BaseException):
+        await mgr.release(mgr.handle(name, outcome.lease_id, outcome.mode, outcome.permits))
+    await mgr.release(mgr.handle(name, other.lease_id, other.mode, other.permits))
+    await asyncio.sleep(0.05)  # the cancelled acquire's release is on its way
+    assert _left_behind(own_redis3, name) == []
