@@ -30,6 +30,7 @@ __all__ = [
     "LockHeld",
     "LockStatus",
     "NotFound",
+    "PermitsMismatch",
     "QuorumUnavailable",
     "ShuttingDown",
     "SslOption",
@@ -41,13 +42,18 @@ __all__ = [
     "Unauthorized",
     "UnknownStore",
     "acquire_path",
+    "acquire_semaphore_path",
     "check_base_url",
     "error_from",
     "fence_headers",
+    "idempotency_headers",
     "lease_from",
+    "lease_path",
     "lock_path",
     "ms",
+    "semaphore_path",
     "ssl_context",
+    "status_from",
     "store_path",
 ]
 
@@ -65,7 +71,9 @@ class Lease(_ServerLease):
     loop uses too), so ``remaining()`` works with and without an event loop.
     ``valid_ms`` is the validity the gateway computed for the grant or the
     last renew (ttl - elapsed - drift), or None from a gateway that does not
-    send it; ``valid_until`` then counts from ``ttl_ms``.
+    send it; ``valid_until`` then counts from ``ttl_ms``. ``mode`` is
+    ``"exclusive"``, ``"shared"`` or ``"semaphore"`` (``permits`` its size):
+    ``extend`` and ``release`` use the routes of that kind.
     """
 
     valid_ms: int | None = None
@@ -75,31 +83,56 @@ class Lease(_ServerLease):
         return self.valid_until - time.monotonic()
 
 
-def lease_from(reply: Mapping[str, Any], started: float, lease: Lease | None = None) -> Lease:
+def lease_from(
+    reply: Mapping[str, Any], started: float, lease: Lease | None = None, *, semaphore: bool = False
+) -> Lease:
     """The lease an acquire (``lease`` None) or a renew of ``lease`` answered, sent at ``started``.
 
     The deadline counts from when the request was sent, a lower bound of when
-    the gateway measured it.
+    the gateway measured it. ``semaphore``: the reply of ``POST /v1/semaphores``.
     """
     valid_ms = reply.get("valid_ms")
     span = valid_ms if isinstance(valid_ms, int) else reply["ttl_ms"]
     valid = valid_ms if isinstance(valid_ms, int) else None
+    deadline = started + span / 1000
     if lease is None:
-        deadline = started + span / 1000
-        return Lease(reply["name"], reply["token"], reply["lease_id"], deadline, valid_ms=valid)
+        mode = "semaphore" if semaphore else str(reply.get("mode", "exclusive"))
+        permits = int(reply["permits"]) if semaphore else 0
+        return Lease(reply["name"], reply["token"], reply["lease_id"], deadline,
+                     mode=mode, permits=permits, valid_ms=valid)  # fmt: skip
     # A lease's token never changes: keep the one the grant returned, if known.
     token = lease.token or reply["token"]
-    return Lease(lease.name, token, lease.lease_id, started + span / 1000, valid_ms=valid)
+    return Lease(lease.name, token, lease.lease_id, deadline,
+                 mode=lease.mode, permits=lease.permits, valid_ms=valid)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class LockStatus:
-    """``GET /v1/locks/{name}``: the holder's token when held, else the newest issued."""
+    """``GET /v1/locks/{name}``: the holder's token when held, else the newest issued.
+
+    ``mode``: ``""`` when free, else ``"exclusive"``, ``"shared"`` or ``"semaphore"``;
+    ``holders``: how many leases hold it; ``permits``: the semaphore's size, else 0.
+    """
 
     name: str
     held: bool
     token: int
     ttl: float
+    mode: str = ""
+    holders: int = 0
+    permits: int = 0
+
+
+def status_from(data: Mapping[str, Any]) -> LockStatus:
+    return LockStatus(
+        data["name"],
+        data["held"],
+        data["token"],
+        data["ttl_ms"] / 1000,
+        mode=data.get("mode", ""),
+        holders=data.get("holders", 1 if data["held"] else 0),
+        permits=data.get("permits", 0),
+    )
 
 
 class FencegateError(Exception):
@@ -152,6 +185,15 @@ class LockHeld(FencegateError):
         return float(self.data.get("retry_after_ms", 1000)) / 1000
 
 
+class PermitsMismatch(FencegateError):
+    """409 permits_mismatch: the semaphore is held with another number of permits."""
+
+    @property
+    def permits(self) -> int | None:
+        """The permits of the current holders."""
+        return self.data.get("permits")
+
+
 class LeaseLost(FencegateError):
     """409 lease_lost: the lease expired or another lease holds the lock."""
 
@@ -202,6 +244,7 @@ BY_CODE: Final[Mapping[str, type[FencegateError]]] = {
     "unknown_store": UnknownStore,
     "lock_held": LockHeld,
     "lease_lost": LeaseLost,
+    "permits_mismatch": PermitsMismatch,
     "stale_token": StaleToken,
     "too_large": TooLarge,
     "token_required": TokenRequired,
@@ -272,18 +315,41 @@ def lock_path(name: str) -> str:
     return "/v1/locks/" + quote(name, safe=_SAFE)
 
 
+def semaphore_path(name: str) -> str:
+    return "/v1/semaphores/" + quote(name, safe=_SAFE)
+
+
+def lease_path(lease: _ServerLease) -> str:
+    """The route of the lease's kind: ``/v1/semaphores/...`` or ``/v1/locks/...``."""
+    return semaphore_path(lease.name) if lease.mode == "semaphore" else lock_path(lease.name)
+
+
+def _check_renew(name: str, kind: str) -> None:
+    if name.rpartition("/")[2] == "renew":
+        raise ValueError(
+            f"{kind} name {name!r} is refused: its last segment may not be 'renew' "
+            f"(that path is the renew route of the {kind} before it)"
+        )
+
+
 def acquire_path(name: str) -> str:
     """The acquire route of ``name``.
 
     Raises:
         ValueError: the name's last segment is ``renew`` (that path is the renew route).
     """
-    if name.rpartition("/")[2] == "renew":
-        raise ValueError(
-            f"lock name {name!r} is refused: its last segment may not be 'renew' "
-            "(that path is the renew route of the lock before it)"
-        )
+    _check_renew(name, "lock")
     return lock_path(name)
+
+
+def acquire_semaphore_path(name: str) -> str:
+    """The acquire route of the semaphore ``name`` (``ValueError`` as ``acquire_path``)."""
+    _check_renew(name, "semaphore")
+    return semaphore_path(name)
+
+
+def idempotency_headers(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Idempotency-Key": key}
 
 
 def store_path(store: str, key: str) -> str:

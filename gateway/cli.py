@@ -4,11 +4,13 @@
 
     fencegate serve [--config F] [--listen H:P] [--redis URL ...]
     fencegate check-config F
-    fencegate lock NAME [--ttl-ms N] [--wait-ms N]      fencegate renew NAME --lease-id ID
-    fencegate unlock NAME --lease-id ID                 fencegate status NAME
+    fencegate lock NAME [--ttl-ms N] [--wait-ms N] [--shared] [--idempotency-key K]
+    fencegate semaphore NAME --permits N [--ttl-ms N] [--wait-ms N] [--idempotency-key K]
+    fencegate renew NAME --lease-id ID [--semaphore]    fencegate status NAME
+    fencegate unlock NAME --lease-id ID [--semaphore]
     fencegate put STORE KEY --token N [--file F]        fencegate get STORE KEY [--token N]
     fencegate delete STORE KEY --token N
-    fencegate run NAME [--ttl-ms N] [--wait-ms N] -- CMD [ARGS...]
+    fencegate run NAME [--ttl-ms N] [--wait-ms N] [--shared | --permits N] -- CMD [ARGS...]
     fencegate pg install-fencing|uninstall-fencing --config F --store NAME
 
 Client verbs talk to ``--url`` (``$FENCEGATE_URL``, default http://127.0.0.1:8080)
@@ -32,6 +34,7 @@ from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, Tok
 from gateway.config import ConfigError, load_config
 from gateway.pg_cli import add_parser as add_pg_parser
 from gateway.tls import server_ssl_context
+from lockservice.lease import MAX_PERMITS
 
 __all__ = ["main"]
 
@@ -158,10 +161,6 @@ def _run(args: argparse.Namespace) -> int:
             "fencegate: run needs a command: fencegate run NAME -- CMD [ARGS...]", file=sys.stderr
         )
         return USAGE
-    if args.shared:
-        print("fencegate: run --shared needs shared locks, which this version does not have yet",
-              file=sys.stderr)  # fmt: skip
-        return USAGE
     client = _make_client(args)
     if client is None:
         return USAGE
@@ -175,6 +174,8 @@ def _run(args: argparse.Namespace) -> int:
                 url=args.url,
                 ttl=args.ttl_ms / 1000,
                 wait=args.wait_ms / 1000,
+                mode="shared" if args.shared else "exclusive",
+                permits=args.permits,
             )
 
     return asyncio.run(call())
@@ -202,24 +203,49 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 async def _lock(client: FencegateClient, args: argparse.Namespace) -> object:
-    lease = await client.acquire(args.name, ttl=args.ttl_ms / 1000, wait=args.wait_ms / 1000)
+    mode = "shared" if args.shared else "exclusive"
+    lease = await client.acquire(args.name, ttl=args.ttl_ms / 1000, wait=args.wait_ms / 1000,
+                                 mode=mode, idempotency_key=args.idempotency_key)  # fmt: skip
+    return _granted(args, lease, "locked", f"  mode      {mode}")
+
+
+async def _semaphore(client: FencegateClient, args: argparse.Namespace) -> object:
+    lease = await client.acquire_semaphore(
+        args.name,
+        args.permits,
+        ttl=args.ttl_ms / 1000,
+        wait=args.wait_ms / 1000,
+        idempotency_key=args.idempotency_key,
+    )
+    return _granted(args, lease, "acquired semaphore", f"  permits   {lease.permits}")
+
+
+def _granted(args: argparse.Namespace, lease: Lease, what: str, kind: str) -> object:
     ttl_ms = round(lease.remaining() * 1000)
-    _say(args, f"locked {lease.name}\n  token     {lease.token}\n  lease_id  {lease.lease_id}")
-    _say(args, f"  ttl_ms    {ttl_ms}")
-    _say(args, f"release with: fencegate unlock {lease.name} --lease-id {lease.lease_id}")
+    _say(args, f"{what} {lease.name}\n  token     {lease.token}\n  lease_id  {lease.lease_id}")
+    _say(args, f"  ttl_ms    {ttl_ms}\n{kind}")
+    flag = " --semaphore" if lease.mode == "semaphore" else ""
+    _say(args, f"release with: fencegate unlock {lease.name} --lease-id {lease.lease_id}{flag}")
     reply = {"name": lease.name, "token": lease.token, "lease_id": lease.lease_id}
-    return {**reply, "ttl_ms": ttl_ms, "valid_ms": lease.valid_ms}
+    extra = {"permits": lease.permits} if lease.mode == "semaphore" else {"mode": lease.mode}
+    return {**reply, "ttl_ms": ttl_ms, "valid_ms": lease.valid_ms, **extra}
+
+
+def _handle(args: argparse.Namespace) -> Lease:
+    """The lease named on the command line (renew, unlock)."""
+    mode = "semaphore" if args.semaphore else "exclusive"
+    return Lease(args.name, 0, args.lease_id, 0.0, mode=mode)
 
 
 async def _renew(client: FencegateClient, args: argparse.Namespace) -> object:
-    lease = await client.extend(Lease(args.name, 0, args.lease_id, 0.0), ttl=args.ttl_ms / 1000)
+    lease = await client.extend(_handle(args), ttl=args.ttl_ms / 1000)
     ttl_ms = round(lease.remaining() * 1000)
     _say(args, f"renewed {lease.name}: token {lease.token}, ttl_ms {ttl_ms}")
     return {"name": lease.name, "token": lease.token, "ttl_ms": ttl_ms, "valid_ms": lease.valid_ms}
 
 
 async def _unlock(client: FencegateClient, args: argparse.Namespace) -> object:
-    await client.release(Lease(args.name, 0, args.lease_id, 0.0))
+    await client.release(_handle(args))
     _say(args, f"released {args.name}")
     return {"name": args.name, "released": True}
 
@@ -227,10 +253,13 @@ async def _unlock(client: FencegateClient, args: argparse.Namespace) -> object:
 async def _status(client: FencegateClient, args: argparse.Namespace) -> object:
     s = await client.inspect(args.name)
     if s.held:
-        _say(args, f"{s.name}: held, token {s.token}, {s.ttl:.3f} s left")
+        kind = f"semaphore of {s.permits} permits" if s.mode == "semaphore" else s.mode
+        leases = "1 lease" if s.holders == 1 else f"{s.holders} leases"
+        _say(args, f"{s.name}: held ({kind}, {leases}), token {s.token}, {s.ttl:.3f} s left")
     else:
         _say(args, f"{s.name}: free (newest token issued: {s.token})")
-    return {"name": s.name, "held": s.held, "token": s.token, "ttl_ms": round(s.ttl * 1000)}
+    reply = {"name": s.name, "held": s.held, "token": s.token, "ttl_ms": round(s.ttl * 1000)}
+    return {**reply, "mode": s.mode, "holders": s.holders, "permits": s.permits}
 
 
 def _read_file(path: str) -> bytes:
@@ -342,37 +371,50 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     ttl_help = "the lease lasts this long unless renewed (default 10000)"
-    lease_help = "the lease_id printed by 'fencegate lock'"
+    wait_help = "wait this long while it is held (default 0)"
+    lease_help = "the lease_id printed by 'fencegate lock' or 'fencegate semaphore'"
+    key_help = "sent as Idempotency-Key: a retry with the same key gets the same lease"
+    permits_help = f"how many leases may hold it at once (1..{MAX_PERMITS}; all holders agree)"
+    sem_help = "the lease is a semaphore's (from 'fencegate semaphore')"
     p = verb("lock", _lock, "take a lock and print its token and lease_id")
     p.add_argument("name")
     p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
-    p.add_argument(
-        "--wait-ms", type=int, default=0, help="wait this long while it is held (default 0)"
-    )
+    p.add_argument("--wait-ms", type=int, default=0, help=wait_help)
+    p.add_argument("--shared", action="store_true", help="a shared lock (many holders at once)")
+    p.add_argument("--idempotency-key", metavar="KEY", help=key_help)
+    p = verb("semaphore", _semaphore, "take one of N leases of a semaphore")
+    p.add_argument("name")
+    p.add_argument("--permits", type=int, required=True, help=permits_help)
+    p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
+    p.add_argument("--wait-ms", type=int, default=0, help=wait_help)
+    p.add_argument("--idempotency-key", metavar="KEY", help=key_help)
     p = verb("renew", _renew, "extend a lease")
     p.add_argument("name")
     p.add_argument("--lease-id", required=True, help=lease_help)
     p.add_argument(
         "--ttl-ms", type=int, default=10_000, help="the new ttl from now (default 10000)"
     )
+    p.add_argument("--semaphore", action="store_true", help=sem_help)
     p = verb("unlock", _unlock, "release a lease")
     p.add_argument("name")
     p.add_argument("--lease-id", required=True, help=lease_help)
-    p = verb("status", _status, "show whether a lock is held")
+    p.add_argument("--semaphore", action="store_true", help=sem_help)
+    p = verb("status", _status, "show whether a lock is held, in which mode, by how many")
     p.add_argument("name")
     p = sub.add_parser(
         "run",
         parents=[common],
-        usage="fencegate run NAME [--ttl-ms N] [--wait-ms N] [options] -- CMD [ARGS...]",
+        usage="fencegate run NAME [--ttl-ms N] [--wait-ms N] [--shared | --permits N] [options] "
+        "-- CMD [ARGS...]",
         help="run a command while holding a lock (renewed; exit 75 if the lease is lost)",
     )
     p.set_defaults(handler=_run, verb="run")
     p.add_argument("name")
     p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
-    p.add_argument(
-        "--wait-ms", type=int, default=0, help="wait this long while it is held (default 0)"
-    )
-    p.add_argument("--shared", action="store_true", help="a shared lock (not available yet)")
+    p.add_argument("--wait-ms", type=int, default=0, help=wait_help)
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--shared", action="store_true", help="hold a shared lock")
+    kind.add_argument("--permits", type=int, help="hold one of N leases of a semaphore")
     p.set_defaults(command=[])  # what follows -- (split off before parsing)
     for name, func, help in (
         ("put", _put, "write a file or stdin at a key, fenced by a token"),

@@ -41,6 +41,7 @@ from gateway._client_base import (
     LockHeld,
     LockStatus,
     NotFound,
+    PermitsMismatch,
     QuorumUnavailable,
     ShuttingDown,
     SslOption,
@@ -52,13 +53,17 @@ from gateway._client_base import (
     Unauthorized,
     UnknownStore,
     acquire_path,
+    acquire_semaphore_path,
     check_base_url,
     error_from,
     fence_headers,
+    idempotency_headers,
     lease_from,
+    lease_path,
     lock_path,
     ms,
     ssl_context,
+    status_from,
     store_path,
 )
 from gateway.sync_client import SyncFencegateClient
@@ -76,6 +81,7 @@ __all__ = [
     "LockHeld",
     "LockStatus",
     "NotFound",
+    "PermitsMismatch",
     "QuorumUnavailable",
     "ShuttingDown",
     "SslOption",
@@ -140,17 +146,55 @@ class FencegateClient:
         self._session = None
 
     # locks
-    async def acquire(self, name: str, ttl: float = 10.0, wait: float = 0.0) -> Lease:
+    async def acquire(
+        self,
+        name: str,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        mode: str = "exclusive",
+        idempotency_key: str | None = None,
+    ) -> Lease:
         """Take ``name`` for ``ttl`` seconds, waiting up to ``wait``.
 
+        Args:
+            mode: ``"exclusive"`` (a new, larger token) or ``"shared"`` (with
+                other shared leases; the newest token issued for the name).
+            idempotency_key: sent as ``Idempotency-Key``: a retry of this call
+                with the same key returns the same lease while it is held.
         Raises:
             LockHeld: still held when ``wait`` ran out (``.retry_after``).
             ValueError: the name's last segment is ``renew``.
         """
-        body = {"ttl_ms": ms(ttl), "wait_ms": ms(wait)}
+        body = {"ttl_ms": ms(ttl), "wait_ms": ms(wait), "mode": mode}
         started = time.monotonic()
-        data = await self._json("POST", acquire_path(name), body=body, extra=wait)
+        data = await self._json("POST", acquire_path(name), body=body, extra=wait,
+                                headers=idempotency_headers(idempotency_key))  # fmt: skip
         return lease_from(data, started)
+
+    async def acquire_semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Take one of ``permits`` leases of the semaphore ``name``, waiting up to ``wait``.
+
+        ``extend``, ``release`` and ``lock``'s renewals work on the returned lease.
+
+        Raises:
+            LockHeld: ``permits`` leases (or a lock) still held it when ``wait`` ran out.
+            PermitsMismatch: its holders use another number of permits (``.permits``).
+            ValueError: the name's last segment is ``renew``.
+        """
+        body = {"permits": permits, "ttl_ms": ms(ttl), "wait_ms": ms(wait)}
+        started = time.monotonic()
+        data = await self._json("POST", acquire_semaphore_path(name), body=body, extra=wait,
+                                headers=idempotency_headers(idempotency_key))  # fmt: skip
+        return lease_from(data, started, semaphore=True)
 
     async def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:
         """Extend ``lease`` to ``ttl`` seconds from now (``POST .../renew``).
@@ -160,7 +204,7 @@ class FencegateClient:
         """
         started = time.monotonic()
         body = {"lease_id": lease.lease_id, "ttl_ms": ms(ttl)}
-        data = await self._json("POST", lock_path(lease.name) + "/renew", body=body)
+        data = await self._json("POST", lease_path(lease) + "/renew", body=body)
         return lease_from(data, started, lease)
 
     renew = extend
@@ -172,26 +216,51 @@ class FencegateClient:
         Raises:
             LeaseLost: it had expired (or another lease holds the lock).
         """
-        await self._call("DELETE", lock_path(lease.name), headers={"X-Lease-Id": lease.lease_id})
+        await self._call("DELETE", lease_path(lease), headers={"X-Lease-Id": lease.lease_id})
 
     async def inspect(self, name: str) -> LockStatus:
-        """Whether ``name`` is held, its token and the time left (never the lease_id)."""
-        data = await self._json("GET", lock_path(name))
-        return LockStatus(data["name"], data["held"], data["token"], data["ttl_ms"] / 1000)
+        """Whether ``name`` is held, in which mode, by how many leases, its token, time left."""
+        return status_from(await self._json("GET", lock_path(name)))
 
     status = inspect
     """The CLI's name for ``inspect``."""
 
     @asynccontextmanager
     async def lock(
-        self, name: str, ttl: float = 10.0, wait: float = 0.0, *, auto_renew: bool = True
+        self,
+        name: str,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        auto_renew: bool = True,
+        mode: str = "exclusive",
     ) -> AsyncIterator[Lease]:
         """Hold ``name`` for the body, renewing every ttl/3 (``auto_renew``); release after.
 
         Raises:
             LeaseLost: a renew found the lease gone (the body was cancelled).
         """
-        lease = await self.acquire(name, ttl=ttl, wait=wait)
+        lease = await self.acquire(name, ttl=ttl, wait=wait, mode=mode)
+        async with self._held(lease, ttl, auto_renew) as held:
+            yield held
+
+    @asynccontextmanager
+    async def semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        auto_renew: bool = True,
+    ) -> AsyncIterator[Lease]:
+        """Hold one of ``permits`` leases of ``name`` for the body, as ``lock()`` does."""
+        lease = await self.acquire_semaphore(name, permits, ttl=ttl, wait=wait)
+        async with self._held(lease, ttl, auto_renew) as held:
+            yield held
+
+    @asynccontextmanager
+    async def _held(self, lease: Lease, ttl: float, auto_renew: bool) -> AsyncIterator[Lease]:
         renewal = (
             Renewal(
                 lease,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Final
 
-from lockservice import LeaseLost, LockHeld, LockServiceError, QuorumUnavailable
+from lockservice import LeaseLost, LockHeld, LockServiceError, PermitsMismatch, QuorumUnavailable
 from storage_adapters.errors import (
     BadValue,
     NotFound,
@@ -188,6 +188,7 @@ STATUS: Final[Mapping[type[Exception], int]] = {
     MethodNotAllowed: 405,
     LockHeld: 409,
     LeaseLost: 409,
+    PermitsMismatch: 409,
     StaleToken: 409,
     NotLeaseHolder: 409,
     TooLarge: 413,
@@ -222,6 +223,8 @@ def error_data(exc: BaseException) -> dict[str, object]:
     """Fields a client needs besides code and message (never a secret, never a lease_id)."""
     if isinstance(exc, LockHeld):
         return {"retry_after_ms": retry_after_ms(exc)}
+    if isinstance(exc, PermitsMismatch):
+        return {"permits": exc.permits}  # the holders': ask with these, or wait
     if isinstance(exc, StaleToken | NotLeaseHolder):
         return {"token": exc.token, "high_water": exc.high_water}
     if isinstance(exc, TokenNotIssued):

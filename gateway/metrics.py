@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACQUIRE_RESULTS",
+    "KIND_RESULTS",
+    "LOCK_KINDS",
     "LOST_REASONS",
     "NODE_STATES",
     "QUORUM_OPERATIONS",
@@ -60,6 +62,11 @@ NAMESPACE: Final = "fencegate"
 # exported at 0 before its first event.
 NODE_STATES: Final = tuple(state.value for state in NodeState)
 ACQUIRE_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
+# Acquires through the HTTP API by kind (gateway/lock_routes.py): the lock service's
+# hooks do not know the kind, so the gateway counts these itself, around the call.
+LOCK_KINDS: Final = ("exclusive", "shared", "semaphore")
+KIND_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
+# also "permits_mismatch" (semaphores), "bad_request" and "error": not exported at 0
 RENEW_RESULTS: Final = ("ok", "lost", "error")
 # The gateway releases by lease id alone, so a release it cannot do is "not_held" (a
 # retried DELETE, or a lease that expired or was taken): never a lost lease. The results
@@ -139,6 +146,8 @@ class Metrics:
 
     lock_acquisitions: Counter
     acquire_wait: Histogram
+    kind_acquisitions: Counter
+    kind_acquire_wait: Histogram
     hold_time: Histogram
     leases_held: Gauge
     leases_lost: Counter
@@ -199,6 +208,19 @@ class Metrics:
                 "lock_acquire_wait_seconds",
                 "Time from an acquire request to its grant or refusal (contention)",
                 ["result"],
+                buckets=_WAIT_BUCKETS,
+                **r,
+            ),
+            kind_acquisitions=Counter(
+                "lock_acquisitions_by_kind",
+                "HTTP acquires by kind (exclusive, shared, semaphore) and result",
+                ["kind", "result"],
+                **r,
+            ),
+            kind_acquire_wait=Histogram(
+                "lock_acquire_wait_by_kind_seconds",
+                "Time from an HTTP acquire to its grant or refusal, by kind (contention)",
+                ["kind", "result"],
                 buckets=_WAIT_BUCKETS,
                 **r,
             ),
@@ -279,6 +301,11 @@ class Metrics:
         for result in ACQUIRE_RESULTS:
             self.lock_acquisitions.labels(result)
             self.acquire_wait.labels(result)
+        for kind in LOCK_KINDS:
+            for result in KIND_RESULTS:
+                self.kind_acquisitions.labels(kind, result)
+                self.kind_acquire_wait.labels(kind, result)
+        self.kind_acquisitions.labels("semaphore", "permits_mismatch")
         for result in RENEW_RESULTS:
             self.renewals.labels(result)
         for result in RELEASE_RESULTS:
@@ -348,6 +375,11 @@ class Metrics:
         held = self.leases.ended(lease_id)
         if held is not None:
             self.hold_time.observe(held)
+
+    def acquire_by_kind(self, kind: str, result: str, seconds: float) -> None:
+        """An HTTP acquire of ``kind`` (exclusive, shared, semaphore) ended with ``result``."""
+        self._child(self.kind_acquisitions, kind, result).inc()
+        self._child(self.kind_acquire_wait, kind, result).observe(seconds)
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
         self._child(self.http_requests, route, method, str(status)).inc()

@@ -37,7 +37,7 @@ from gateway.errors import (
     error_headers,
     status_of,
 )
-from gateway.state import CONFIG, METRICS, STATE
+from gateway.state import API_KEY, CONFIG, METRICS, STATE
 from storage_adapters import StoreNotStarted
 
 __all__ = [
@@ -56,8 +56,12 @@ log = logging.getLogger(__name__)
 OPEN_PATHS: Final = frozenset({"/v1/openapi.json"})
 """``/v1`` paths that need no key (everything outside ``/v1`` needs none either)."""
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
-_LOCK_ROUTES: Final = frozenset({"lock_acquire", "lock_renew", "lock_release", "lock_status"})
-_WRITES: Final = frozenset({"store_put", "store_delete", "lock_acquire"})
+_LOCK_ROUTES: Final = frozenset({
+    "lock_acquire", "lock_renew", "lock_release", "lock_status",
+    "semaphore_acquire", "semaphore_renew", "semaphore_release", "semaphore_status",
+})  # fmt: skip
+_ACQUIRES: Final = frozenset({"lock_acquire", "semaphore_acquire"})
+_WRITES: Final = frozenset({"store_put", "store_delete", *_ACQUIRES})
 
 
 def route_label(request: web.Request) -> str:
@@ -196,6 +200,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if keys and request.path.startswith("/v1/") and request.path not in OPEN_PATHS:
         key = authenticate(request.headers.get("Authorization"), keys)
         _authorize(key, request)
+        request[API_KEY] = key  # scopes an Idempotency-Key to the key that sent it
     return await handler(request)
 
 
@@ -205,7 +210,7 @@ async def drain_middleware(request: web.Request, handler: Handler) -> web.Stream
     route = request.match_info.route.name
     if state.draining and route in _WRITES:
         raise ShuttingDown("the gateway is shutting down; retry on another replica")
-    if route == "lock_acquire":
+    if route in _ACQUIRES:
         return await _unless_drained(state.drained, handler(request))
     return await handler(request)
 

@@ -10,6 +10,8 @@ import copy
 from functools import cache
 from typing import Any, Final
 
+from lockservice.lease import MAX_PERMITS
+
 __all__ = ["openapi"]
 
 JSON: Final = "application/json"
@@ -56,6 +58,51 @@ _AUTH: Final = {
 _BAD: Final = {"400": _error("malformed request", "bad_request")}
 _QUORUM: Final = {"503": _error("no majority of lock nodes answered", "quorum_unavailable")}
 _LEASE_LOST: Final = {"409": _error("the lease expired or another holds the lock", "lease_lost")}
+_RETRY: Final = {"Retry-After": {"schema": INT, "description": "seconds"}}
+_RELEASED: Final = {
+    "204": {"description": "released"},
+    **_BAD,
+    **_AUTH,
+    **_LEASE_LOST,
+    **_QUORUM,
+}
+_RENEW_BODY: Final = {
+    "required": True,
+    "content": {JSON: {"schema": _object(["lease_id"], lease_id=STR, ttl_ms=INT)}},
+}
+_RENEWED: Final = {
+    "200": _ok("renewed", _ref("schemas/Renewal")),
+    **_BAD,
+    **_AUTH,
+    **_LEASE_LOST,
+    **_QUORUM,
+}
+_MODE_FIELD: Final = {
+    "type": "string",
+    "enum": ["exclusive", "shared"],
+    "default": "exclusive",
+    "description": "exclusive: no other lease at once, a new larger token; shared: any "
+    "number of shared leases at once, the newest token issued for the name",
+}
+_PERMITS_FIELD: Final = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": MAX_PERMITS,
+    "description": "how many leases may hold the semaphore at once; every holder must ask "
+    "with the same number",
+}
+_ACQUIRE_DOC: Final = (
+    "A queued request is served before later ones (FIFO); a queued exclusive request is "
+    "served before shared requests that came after it. Every exclusive grant gets a new, "
+    "larger token; a shared grant gets the newest token issued for the name. With "
+    "Idempotency-Key, a repeated request returns the lease its first try was granted "
+    "(same lease_id and token) while that lease is held, through any gateway."
+)
+_SEMAPHORE_DOC: Final = (
+    "Up to permits leases of the name at once (the name space is that of /v1/locks: an "
+    "exclusive or shared lock and a semaphore of one name exclude each other). Every grant "
+    "gets a new, larger token. Idempotency-Key as for locks."
+)
 _STORE_FAIL: Final = {
     "400": _error("bad key, token, fence lock or body", "bad_request", "bad_token"),
     "403": _error(
@@ -86,6 +133,8 @@ def _document() -> dict[str, Any]:
     # required (PUT, DELETE) and the optional (fenced read) token header.
     token_header = {"$ref": "#/components/parameters/FencingToken"}
     read_token_header = {"$ref": "#/components/parameters/FencedReadToken"}
+    idempotency = {"$ref": "#/components/parameters/IdempotencyKey"}
+    lease_header = {"name": "X-Lease-Id", "in": "header", "required": True, "schema": STR}
     fenced_write = {
         **_AUTH,
         **_STORE_FAIL,
@@ -104,26 +153,26 @@ def _document() -> dict[str, Any]:
                 "parameters": [lock],
                 "post": {
                     "operationId": "acquire",
-                    "summary": "Take a lock, waiting up to wait_ms",
+                    "summary": "Take a lock, exclusive (default) or shared, waiting up to wait_ms",
+                    "description": _ACQUIRE_DOC,
+                    "parameters": [idempotency],
                     "requestBody": {
                         "required": False,
-                        "content": {JSON: {"schema": _object([], ttl_ms=INT, wait_ms=INT)}},
+                        "content": {
+                            JSON: {"schema": _object([], ttl_ms=INT, wait_ms=INT, mode=_MODE_FIELD)}
+                        },
                     },
                     "responses": {
                         "200": _ok("granted", _ref("schemas/Grant")),
                         **_BAD,
                         **_AUTH,
-                        "409": _error(
-                            "another lease holds it",
-                            "lock_held",
-                            headers={"Retry-After": {"schema": INT, "description": "seconds"}},
-                        ),
+                        "409": _error("another lease holds it", "lock_held", headers=_RETRY),
                         **_QUORUM,
                     },
                 },
                 "get": {
                     "operationId": "status",
-                    "summary": "Whether the lock is held; token of the holder, else newest issued",
+                    "summary": "Whether the name is held, in which mode, by how many leases",
                     "responses": {
                         "200": _ok("state", _ref("schemas/LockState")),
                         **_BAD,
@@ -133,37 +182,76 @@ def _document() -> dict[str, Any]:
                 },
                 "delete": {
                     "operationId": "release",
-                    "summary": "Release a lease",
-                    "parameters": [
-                        {"name": "X-Lease-Id", "in": "header", "required": True, "schema": STR}
-                    ],
-                    "responses": {
-                        "204": {"description": "released"},
-                        **_BAD,
-                        **_AUTH,
-                        **_LEASE_LOST,
-                        **_QUORUM,
-                    },
+                    "summary": "Release a lease (exclusive or shared)",
+                    "parameters": [lease_header],
+                    "responses": _RELEASED,
                 },
             },
             "/v1/locks/{name}/renew": {
                 "parameters": [lock],
                 "post": {
                     "operationId": "renew",
-                    "summary": "Extend a lease to ttl_ms from now",
+                    "summary": "Extend a lease (exclusive or shared) to ttl_ms from now",
+                    "requestBody": _RENEW_BODY,
+                    "responses": _RENEWED,
+                },
+            },
+            "/v1/semaphores/{name}": {
+                "parameters": [lock],
+                "post": {
+                    "operationId": "acquire_semaphore",
+                    "summary": "Take one of permits leases of a semaphore, waiting up to wait_ms",
+                    "description": _SEMAPHORE_DOC,
+                    "parameters": [idempotency],
                     "requestBody": {
                         "required": True,
                         "content": {
-                            JSON: {"schema": _object(["lease_id"], lease_id=STR, ttl_ms=INT)}
+                            JSON: {
+                                "schema": _object(
+                                    ["permits"], permits=_PERMITS_FIELD, ttl_ms=INT, wait_ms=INT
+                                )
+                            }
                         },
                     },
                     "responses": {
-                        "200": _ok("renewed", _ref("schemas/Renewal")),
+                        "200": _ok("granted", _ref("schemas/SemaphoreGrant")),
                         **_BAD,
                         **_AUTH,
-                        **_LEASE_LOST,
+                        "409": _error(
+                            "permits leases are held (lock_held; also while an exclusive or "
+                            "shared lock holds the name), or the holders have other permits "
+                            "(permits_mismatch, with their permits)",
+                            "lock_held",
+                            "permits_mismatch",
+                            headers=_RETRY,
+                        ),
                         **_QUORUM,
                     },
+                },
+                "get": {
+                    "operationId": "semaphore_status",
+                    "summary": "The name's state, as GET /v1/locks/{name}",
+                    "responses": {
+                        "200": _ok("state", _ref("schemas/LockState")),
+                        **_BAD,
+                        **_AUTH,
+                        **_QUORUM,
+                    },
+                },
+                "delete": {
+                    "operationId": "release_semaphore",
+                    "summary": "Release a semaphore lease",
+                    "parameters": [lease_header],
+                    "responses": _RELEASED,
+                },
+            },
+            "/v1/semaphores/{name}/renew": {
+                "parameters": [lock],
+                "post": {
+                    "operationId": "renew_semaphore",
+                    "summary": "Extend a semaphore lease to ttl_ms from now",
+                    "requestBody": _RENEW_BODY,
+                    "responses": _RENEWED,
                 },
             },
             "/v1/stores/{store}/{key}": {
@@ -317,6 +405,15 @@ def _components() -> dict[str, Any]:
                 "else raising the key's high-water mark to it",
                 "schema": TOKEN,
             },
+            "IdempotencyKey": {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "description": "a key of the caller's choosing: a retried acquire with the same "
+                "key returns the lease the first was granted while it is held (scoped to the "
+                "API key with [auth])",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._~:-]{1,128}$"},
+            },
             "FencingLock": {
                 "name": "X-Fencing-Lock",
                 "in": "header",
@@ -336,6 +433,10 @@ def _components() -> dict[str, Any]:
                     "token": INT,
                     "high_water": INT,
                     "issued": INT,
+                    "permits": {
+                        **INT,
+                        "description": "permits_mismatch: the permits of the current holders",
+                    },
                     "needed": INT,
                     "nodes": {
                         "type": "object",
@@ -346,12 +447,22 @@ def _components() -> dict[str, Any]:
                 "additionalProperties": True,
             },
             "Grant": _object(
-                ["name", "token", "lease_id", "ttl_ms", "valid_ms"],
+                ["name", "token", "lease_id", "ttl_ms", "valid_ms", "mode"],
                 name=STR,
                 token=TOKEN,
                 lease_id=STR,
                 ttl_ms=_TTL_MS,
                 valid_ms=_VALID_MS,
+                mode={"type": "string", "enum": ["exclusive", "shared"]},
+            ),
+            "SemaphoreGrant": _object(
+                ["name", "token", "lease_id", "ttl_ms", "valid_ms", "permits"],
+                name=STR,
+                token=TOKEN,
+                lease_id=STR,
+                ttl_ms=_TTL_MS,
+                valid_ms=_VALID_MS,
+                permits={"type": "integer", "minimum": 1, "maximum": MAX_PERMITS},
             ),
             "Renewal": _object(
                 ["name", "token", "ttl_ms", "valid_ms"],
@@ -361,11 +472,21 @@ def _components() -> dict[str, Any]:
                 valid_ms=_VALID_MS,
             ),
             "LockState": _object(
-                ["name", "held", "token", "ttl_ms"],
+                ["name", "held", "token", "ttl_ms", "mode", "holders", "permits"],
                 name=STR,
                 held={"type": "boolean"},
-                token=INT,
-                ttl_ms=INT,
+                token={
+                    **INT,
+                    "description": "the newest token of a current holder, else the newest issued",
+                },
+                ttl_ms={**INT, "description": "until the last current lease ends"},
+                mode={
+                    "type": "string",
+                    "enum": ["", "exclusive", "shared", "semaphore"],
+                    "description": "the holders' mode; empty when free",
+                },
+                holders={**INT, "minimum": 0, "description": "how many leases hold it"},
+                permits={**INT, "minimum": 0, "description": "the semaphore's permits, else 0"},
             ),
             "Written": _object(
                 ["store", "key", "token"], store=STR, key=STR, token={"type": ["integer", "null"]}

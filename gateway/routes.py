@@ -1,5 +1,8 @@
 """The HTTP API, version 1 (DESIGN.md "HTTP API"): parse, call, shape JSON.
 
+The lock and semaphore routes are in ``gateway/lock_routes.py``; stores and
+service routes here.
+
 Every check that refuses a request raises an error from ``gateway.errors``,
 ``lockservice`` or ``storage_adapters``; the error middleware renders it.
 Durations are ``_ms`` integers here and float seconds everywhere else.
@@ -12,10 +15,8 @@ key, the token header, the fence scope, the body limit, the fencing guard
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
-from collections.abc import Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -30,9 +31,10 @@ from gateway.errors import (
     TooLarge,
     UnknownStore,
 )
+from gateway.lock_routes import routes as lock_routes
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
-from lockservice import LockManager, LockServiceError, validate_name
+from lockservice import LockServiceError, validate_name
 from lockservice.backend import Readiness
 from storage_adapters.base import DEFAULT_CONTENT_TYPE, MAX_TOKEN, validate_key
 from storage_adapters.errors import StorageError, TokenNotIssued
@@ -41,9 +43,7 @@ __all__ = ["add_routes", "parse_token"]
 
 TOKEN_HEADER: Final = "X-Fencing-Token"
 LOCK_HEADER: Final = "X-Fencing-Lock"
-LEASE_HEADER: Final = "X-Lease-Id"
 _TOKEN: Final = re.compile(r"[0-9]{1,19}")
-_LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
 
 routes = web.RouteTableDef()
 
@@ -58,140 +58,6 @@ def parse_token(value: str) -> int:
     if not _TOKEN.fullmatch(value) or not 1 <= int(value) <= MAX_TOKEN:
         raise BadToken(value)
     return int(value)
-
-
-def _lock_name(request: web.Request) -> str:
-    name = request.match_info["name"]
-    try:
-        validate_name(name)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-    if name.rpartition("/")[2] == "renew":
-        raise BadRequest(
-            f"lock name {name!r} is refused: its last segment is 'renew', "
-            "which would make POST /v1/locks/{name}/renew ambiguous"
-        )
-    return name
-
-
-async def _json_object(request: web.Request, fields: set[str]) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
-    unknown = sorted(set(body) - fields)
-    if unknown:
-        raise BadRequest(f"unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields))}")
-    return body
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a number in JSON")
-
-
-def _ms(body: Mapping[str, Any], field: str, default: float, low: float, high: float) -> float:
-    """``body[field]`` (milliseconds) as seconds, checked against ``low..high`` seconds."""
-    value = body.get(field)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BadRequest(f"{field} {value!r} is not a number of milliseconds")
-    low_ms, high_ms = round(low * 1000), round(high * 1000)  # config holds whole ms
-    if not low_ms <= value <= high_ms:
-        raise BadRequest(f"{field} {value!r} is outside {low_ms}..{high_ms}")
-    return value / 1000
-
-
-def _millis(seconds: float) -> int:
-    """Whole milliseconds, rounded down: a validity is never overstated."""
-    return max(0, math.floor(seconds * 1000 + 1e-9))
-
-
-def _lease_id(value: object, where: str) -> str:
-    if not isinstance(value, str) or not _LEASE_ID.fullmatch(value):
-        raise BadRequest(f"{where} must be the lease_id returned by the acquire (32 hex digits)")
-    return value
-
-
-# locks
-@routes.post("/v1/locks/{name:.+}/renew", name="lock_renew")
-async def renew(request: web.Request) -> web.Response:
-    """Extend a lease by its lease_id; reply with its token, the ttl and the new validity.
-
-    ``valid_ms`` is what the lock service computed (ttl - elapsed - drift), measured
-    when the response is built; ``ttl_ms`` is the ttl asked for (or the default).
-    """
-    name = _lock_name(request)
-    locks = request.app[CONFIG].locks
-    body = await _json_object(request, {"lease_id", "ttl_ms", "wait_ms"})
-    if "wait_ms" in body or "lease_id" not in body:  # an acquire of a name ending in /renew
-        raise BadRequest(
-            f"this is the renew route of lock {name!r}: it needs lease_id (and takes ttl_ms); "
-            "to take a lock, use a name whose last segment is not 'renew'"
-        )
-    lease_id = _lease_id(body.get("lease_id"), "lease_id")
-    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
-    # The gateway keeps no lease: a handle (name + id) is all the lock service needs;
-    # its extend confirms the lease with the nodes and returns the lease's token.
-    extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id), ttl)
-    valid = extended.remaining()
-    request.app[METRICS].lease_renewed(lease_id, valid)
-    return web.json_response(
-        {"name": name, "token": extended.token, "ttl_ms": _millis(ttl), "valid_ms": _millis(valid)}
-    )
-
-
-@routes.post("/v1/locks/{name:.+}", name="lock_acquire")
-async def acquire(request: web.Request) -> web.Response:
-    """Take a lock; wait up to wait_ms for it. ``valid_ms`` and ``ttl_ms`` as for renew."""
-    name = _lock_name(request)
-    locks = request.app[CONFIG].locks
-    body = await _json_object(request, {"ttl_ms", "wait_ms"})
-    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
-    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
-    try:
-        lease = await request.app[LOCKS].acquire(name, ttl=ttl, wait=wait)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-    valid = lease.remaining()
-    request.app[METRICS].lease_granted(lease.lease_id, valid)
-    return web.json_response(
-        {
-            "name": name,
-            "token": lease.token,
-            "lease_id": lease.lease_id,
-            "ttl_ms": _millis(ttl),
-            "valid_ms": _millis(valid),
-        }
-    )
-
-
-@routes.delete("/v1/locks/{name:.+}", name="lock_release")
-async def release(request: web.Request) -> web.Response:
-    """Release a lease named by the X-Lease-Id header."""
-    name = _lock_name(request)
-    lease_id = _lease_id(request.headers.get(LEASE_HEADER), f"header {LEASE_HEADER}")
-    metrics = request.app[METRICS]
-    try:
-        await request.app[LOCKS].release(LockManager.handle(name, lease_id))
-    finally:
-        metrics.lease_ended(lease_id)
-    return web.Response(status=204)
-
-
-@routes.get("/v1/locks/{name:.+}", name="lock_status", allow_head=False)
-async def status(request: web.Request) -> web.Response:
-    """Whether a lock is held, its token (else the newest issued), time left; no lease_id."""
-    name = _lock_name(request)
-    info = await request.app[LOCKS].inspect(name)
-    return web.json_response(
-        {"name": name, "held": info.held, "token": info.token, "ttl_ms": _millis(info.ttl)}
-    )
 
 
 # stores
@@ -404,6 +270,7 @@ def add_routes(app: web.Application, registry: CollectorRegistry | None) -> None
     With ``metrics_listen`` the metrics are served on that address alone (no
     ``/metrics`` here: the main port may be reachable by more than the scraper).
     """
+    app.router.add_routes(lock_routes)  # locks and semaphores
     app.router.add_routes(routes)
     if registry is not None:
         handler = make_aiohttp_handler(registry)

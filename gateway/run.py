@@ -1,6 +1,7 @@
 """``fencegate run NAME -- CMD``: run a command while holding a lock (like ``flock(1)``).
 
-The lock is taken first (exit 1 without running anything if it cannot be);
+The lock is exclusive, shared (``--shared``) or one lease of a semaphore
+(``--permits N``). It is taken first (exit 1 without running anything if it cannot be);
 the command then runs in a process group of its own with ``FENCEGATE_LOCK``,
 ``FENCEGATE_TOKEN``, ``FENCEGATE_LEASE_ID`` and ``FENCEGATE_URL`` in its
 environment, while the lease is renewed every ttl/3. SIGINT, SIGTERM and
@@ -39,14 +40,25 @@ async def run_locked(
     ttl: float,
     wait: float,
     kill_after: float = 10.0,
+    mode: str = "exclusive",
+    permits: int | None = None,
 ) -> int:
-    """Run ``argv`` under the lock ``name``; return the exit status ``run`` should have."""
+    """Run ``argv`` under the lock ``name``; return the exit status ``run`` should have.
+
+    ``mode``: ``"exclusive"`` or ``"shared"``; with ``permits``, one of that many
+    leases of the semaphore ``name`` instead.
+    """
     if not argv:
         raise ValueError("no command to run: fencegate run NAME -- CMD [ARGS...]")
     started = False
     status = NOT_TAKEN
+    held = (
+        client.lock(name, ttl=ttl, wait=wait, auto_renew=True, mode=mode)
+        if permits is None
+        else client.semaphore(name, permits, ttl=ttl, wait=wait, auto_renew=True)
+    )
     try:
-        async with client.lock(name, ttl=ttl, wait=wait, auto_renew=True) as lease:
+        async with held as lease:
             started = True
             env = {
                 **os.environ,

@@ -14,13 +14,14 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.config import Config, StoreConfig
+from gateway.config import ApiKey, Config, StoreConfig
 from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
 from lockservice import LockManager
 from storage_adapters.base import FencedStore
 
 __all__ = [
+    "API_KEY",
     "CONFIG",
     "HOT",
     "LOCKS",
@@ -89,3 +90,5 @@ HOT: Final = web.AppKey("hot_locks", HotLocks)
 METRICS: Final = web.AppKey("metrics", Metrics)
 STORES: Final = web.AppKey("stores", dict[str, StoreEntry])
 STATE: Final = web.AppKey("state", GatewayState)
+API_KEY: Final = web.RequestKey("api_key", ApiKey)
+"""The bearer key that authenticated the request (only when ``[auth]`` is configured)."""

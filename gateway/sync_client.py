@@ -38,13 +38,17 @@ from gateway._client_base import (
     LockStatus,
     SslOption,
     acquire_path,
+    acquire_semaphore_path,
     check_base_url,
     error_from,
     fence_headers,
+    idempotency_headers,
     lease_from,
+    lease_path,
     lock_path,
     ms,
     ssl_context,
+    status_from,
     store_path,
 )
 
@@ -112,18 +116,47 @@ class SyncFencegateClient:
         self._local = threading.local()
 
     # locks
-    def acquire(self, name: str, ttl: float = 10.0, wait: float = 0.0) -> Lease:
-        """Take ``name`` for ``ttl`` seconds, waiting up to ``wait``.
+    def acquire(
+        self,
+        name: str,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        mode: str = "exclusive",
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Take ``name`` for ``ttl`` seconds, waiting up to ``wait`` (see ``FencegateClient``).
 
         Raises:
             LockHeld: still held when ``wait`` ran out (``.retry_after``).
             ValueError: the name's last segment is ``renew``.
         """
         started = time.monotonic()
-        data = self._json(
-            "POST", acquire_path(name), body={"ttl_ms": ms(ttl), "wait_ms": ms(wait)}, extra=wait
-        )
+        body = {"ttl_ms": ms(ttl), "wait_ms": ms(wait), "mode": mode}
+        data = self._json("POST", acquire_path(name), body=body, extra=wait,
+                          headers=idempotency_headers(idempotency_key))  # fmt: skip
         return lease_from(data, started)
+
+    def acquire_semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Take one of ``permits`` leases of the semaphore ``name`` (see ``FencegateClient``).
+
+        Raises:
+            LockHeld: ``permits`` leases (or a lock) still held it when ``wait`` ran out.
+            PermitsMismatch: its holders use another number of permits (``.permits``).
+        """
+        started = time.monotonic()
+        body = {"permits": permits, "ttl_ms": ms(ttl), "wait_ms": ms(wait)}
+        data = self._json("POST", acquire_semaphore_path(name), body=body, extra=wait,
+                          headers=idempotency_headers(idempotency_key))  # fmt: skip
+        return lease_from(data, started, semaphore=True)
 
     def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:
         """Extend ``lease`` to ``ttl`` seconds from now (``POST .../renew``).
@@ -133,7 +166,7 @@ class SyncFencegateClient:
         """
         started = time.monotonic()
         body = {"lease_id": lease.lease_id, "ttl_ms": ms(ttl)}
-        data = self._json("POST", lock_path(lease.name) + "/renew", body=body)
+        data = self._json("POST", lease_path(lease) + "/renew", body=body)
         return lease_from(data, started, lease)
 
     renew = extend
@@ -144,25 +177,50 @@ class SyncFencegateClient:
         Raises:
             LeaseLost: it had expired (or another lease holds the lock).
         """
-        self._call("DELETE", lock_path(lease.name), headers={"X-Lease-Id": lease.lease_id})
+        self._call("DELETE", lease_path(lease), headers={"X-Lease-Id": lease.lease_id})
 
     def inspect(self, name: str) -> LockStatus:
-        """Whether ``name`` is held, its token and the time left (never the lease_id)."""
-        data = self._json("GET", lock_path(name))
-        return LockStatus(data["name"], data["held"], data["token"], data["ttl_ms"] / 1000)
+        """Whether ``name`` is held, in which mode, by how many leases, its token, time left."""
+        return status_from(self._json("GET", lock_path(name)))
 
     status = inspect
 
     @contextlib.contextmanager
     def lock(
-        self, name: str, ttl: float = 10.0, wait: float = 0.0, *, auto_renew: bool = True
+        self,
+        name: str,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        auto_renew: bool = True,
+        mode: str = "exclusive",
     ) -> Iterator[Lease]:
         """Hold ``name`` for the body, renewed every ttl/3 by a thread (``auto_renew``).
 
         Raises:
             LeaseLost: after the body, when a renew found the lease gone during it.
         """
-        lease = self.acquire(name, ttl=ttl, wait=wait)
+        lease = self.acquire(name, ttl=ttl, wait=wait, mode=mode)
+        with self._held(lease, ttl, auto_renew) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float = 10.0,
+        wait: float = 0.0,
+        *,
+        auto_renew: bool = True,
+    ) -> Iterator[Lease]:
+        """Hold one of ``permits`` leases of ``name`` for the body, as ``lock()`` does."""
+        lease = self.acquire_semaphore(name, permits, ttl=ttl, wait=wait)
+        with self._held(lease, ttl, auto_renew) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def _held(self, lease: Lease, ttl: float, auto_renew: bool) -> Iterator[Lease]:
         renewer = _Renewer(self, lease, ttl) if auto_renew else None
         try:
             yield lease
@@ -172,7 +230,7 @@ class SyncFencegateClient:
                 try:
                     self.release(current)
                 except FencegateError as error:
-                    log.warning("release of %r failed (it will expire): %s", name, error)
+                    log.warning("release of %r failed (it will expire): %s", lease.name, error)
             raise
         current = lease if renewer is None else renewer.stop()
         if renewer is not None and renewer.lost is not None:

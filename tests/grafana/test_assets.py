@@ -42,7 +42,8 @@ ROWS = ["Contention", "Throughput", "Safety", "Storage", "Redis nodes", "HTTP"]
 # What each row must show, by the metrics its queries read.
 ROW_METRICS = {
     "Contention": {"fencegate_lock_acquire_wait_seconds", "fencegate_lock_acquisitions_total",
-                   "fencegate_lock_waiters"},
+                   "fencegate_lock_waiters", "fencegate_lock_acquire_wait_by_kind_seconds",
+                   "fencegate_lock_acquisitions_by_kind_total"},
     "Throughput": {"fencegate_lock_acquisitions_total", "fencegate_lock_renewals_total",
                    "fencegate_lock_releases_total"},
     "Safety": {"fencegate_leases_lost_total", "fencegate_fencing_rejections_total"},

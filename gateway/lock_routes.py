@@ -1,0 +1,301 @@
+"""The lock routes of the HTTP API: ``/v1/locks/{name}`` and ``/v1/semaphores/{name}``.
+
+Parse, call the lock service, shape JSON (DESIGN.md "HTTP API" and "Lock
+kinds, retries, and locks around a command"). A lock is exclusive or shared
+(``"mode"``); a semaphore is the same name space with ``permits``. Both
+acquire routes take an ``Idempotency-Key`` header: a retried request with
+the same key returns the lease its first try was granted while that lease is
+held, through any replica (the lock service keeps a digest of the key with
+the lease). With ``[auth]`` the key is scoped to the API key that sent it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from collections.abc import Awaitable, Mapping
+from typing import Any, Final
+
+from aiohttp import web
+
+from gateway.errors import BadRequest
+from gateway.state import API_KEY, CONFIG, LOCKS, METRICS
+from lockservice import Lease, LockHeld, LockInfo, LockManager, PermitsMismatch, QuorumUnavailable
+from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, SEMAPHORE, validate_name
+
+__all__ = ["IDEMPOTENCY_HEADER", "LEASE_HEADER", "idempotency_key", "routes"]
+
+LEASE_HEADER: Final = "X-Lease-Id"
+IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
+_LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
+_IDEMPOTENCY_KEY: Final = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
+
+routes = web.RouteTableDef()
+
+
+# parsing
+def _lock_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    try:
+        validate_name(name)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    if name.rpartition("/")[2] == "renew":
+        kind = "semaphore" if request.path.startswith("/v1/semaphores/") else "lock"
+        raise BadRequest(
+            f"{kind} name {name!r} is refused: its last segment is 'renew', "
+            "which would make its renew route ambiguous"
+        )
+    return name
+
+
+async def _json_object(request: web.Request, fields: set[str]) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields))}")
+    return body
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number in JSON")
+
+
+def _ms(body: Mapping[str, Any], field: str, default: float, low: float, high: float) -> float:
+    """``body[field]`` (milliseconds) as seconds, checked against ``low..high`` seconds."""
+    value = body.get(field)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequest(f"{field} {value!r} is not a number of milliseconds")
+    low_ms, high_ms = round(low * 1000), round(high * 1000)  # config holds whole ms
+    if not low_ms <= value <= high_ms:
+        raise BadRequest(f"{field} {value!r} is outside {low_ms}..{high_ms}")
+    return value / 1000
+
+
+def _millis(seconds: float) -> int:
+    """Whole milliseconds, rounded down: a validity is never overstated."""
+    return max(0, math.floor(seconds * 1000 + 1e-9))
+
+
+def _lease_id(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _LEASE_ID.fullmatch(value):
+        raise BadRequest(f"{where} must be the lease_id returned by the acquire (32 hex digits)")
+    return value
+
+
+def _mode(body: Mapping[str, Any]) -> str:
+    mode = body.get("mode", EXCLUSIVE)
+    if mode not in MODES:
+        raise BadRequest(f"mode {mode!r} is invalid: use {' or '.join(repr(m) for m in MODES)}")
+    return str(mode)
+
+
+def _permits(body: Mapping[str, Any]) -> int:
+    if "permits" not in body:
+        raise BadRequest(f"permits is required: a whole number from 1 to {MAX_PERMITS}")
+    permits = body["permits"]
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise BadRequest(f"permits {permits!r} is not a whole number (1 to {MAX_PERMITS})")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise BadRequest(f"permits {permits!r} is outside 1..{MAX_PERMITS}")
+    return permits
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    """The ``Idempotency-Key`` of the request as the lock service gets it, or None.
+
+    With ``[auth]`` it is scoped to the API key (``"<key name>\\n<key>"``): two
+    callers that choose the same key never share a lease. The newline cannot
+    occur in a header key, so a scoped key never equals an unscoped one.
+
+    Raises:
+        BadRequest: not 1-128 characters of ``A-Z a-z 0-9 . _ ~ : -``.
+    """
+    value = request.headers.get(IDEMPOTENCY_HEADER)
+    if value is None:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise BadRequest(
+            f"{IDEMPOTENCY_HEADER} {shown!r} is invalid: use 1-128 characters of "
+            "A-Z a-z 0-9 . _ ~ : -"
+        )
+    api_key = request.get(API_KEY)
+    return value if api_key is None else f"{api_key.name}\n{value}"
+
+
+async def _counted(request: web.Request, kind: str, call: Awaitable[Lease]) -> Lease:
+    """``call``'s lease; the acquire is counted by kind and result (``gateway/metrics.py``)."""
+    started = time.perf_counter()
+    result = "cancelled"
+    try:
+        lease = await call
+        result = "granted"
+        return lease
+    except LockHeld:
+        result = "held"
+        raise
+    except PermitsMismatch:
+        result = "permits_mismatch"
+        raise
+    except QuorumUnavailable:
+        result = "quorum_unavailable"
+        raise
+    except ValueError as exc:
+        result = "bad_request"
+        raise BadRequest(str(exc)) from None
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        result = "error"
+        raise
+    finally:
+        request.app[METRICS].acquire_by_kind(kind, result, time.perf_counter() - started)
+
+
+def _grant(name: str, lease: Lease, ttl: float) -> dict[str, object]:
+    valid = lease.remaining()
+    return {
+        "name": name,
+        "token": lease.token,
+        "lease_id": lease.lease_id,
+        "ttl_ms": _millis(ttl),
+        "valid_ms": _millis(valid),
+    }
+
+
+def _state(name: str, info: LockInfo) -> dict[str, object]:
+    return {
+        "name": name,
+        "held": info.held,
+        "token": info.token,
+        "ttl_ms": _millis(info.ttl),
+        "mode": info.mode,
+        "holders": info.holders,
+        "permits": info.permits,
+    }
+
+
+async def _renew(request: web.Request, mode: str) -> web.Response:
+    """Extend a lease by its lease_id; reply with its token, the ttl and the new validity.
+
+    ``valid_ms`` is what the lock service computed (ttl - elapsed - drift), measured
+    when the response is built; ``ttl_ms`` is the ttl asked for (or the default).
+    """
+    name = _lock_name(request)
+    locks = request.app[CONFIG].locks
+    body = await _json_object(request, {"lease_id", "ttl_ms", "wait_ms", "mode", "permits"})
+    if not {"wait_ms", "mode", "permits"}.isdisjoint(body) or "lease_id" not in body:
+        # an acquire of a name ending in /renew
+        raise BadRequest(
+            f"this is the renew route of {name!r}: it needs lease_id (and takes ttl_ms); "
+            "to take a lock, use a name whose last segment is not 'renew'"
+        )
+    lease_id = _lease_id(body.get("lease_id"), "lease_id")
+    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
+    # The gateway keeps no lease: a handle (name + id) is all the lock service needs;
+    # its extend confirms the lease with the nodes and returns the lease's token.
+    extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id, mode=mode), ttl)
+    valid = extended.remaining()
+    request.app[METRICS].lease_renewed(lease_id, valid)
+    return web.json_response(
+        {"name": name, "token": extended.token, "ttl_ms": _millis(ttl), "valid_ms": _millis(valid)}
+    )
+
+
+async def _release(request: web.Request, mode: str) -> web.Response:
+    name = _lock_name(request)
+    lease_id = _lease_id(request.headers.get(LEASE_HEADER), f"header {LEASE_HEADER}")
+    metrics = request.app[METRICS]
+    try:
+        await request.app[LOCKS].release(LockManager.handle(name, lease_id, mode=mode))
+    finally:
+        metrics.lease_ended(lease_id)
+    return web.Response(status=204)
+
+
+# locks
+@routes.post("/v1/locks/{name:.+}/renew", name="lock_renew")
+async def lock_renew(request: web.Request) -> web.Response:
+    """Extend an exclusive or shared lease."""
+    return await _renew(request, EXCLUSIVE)
+
+
+@routes.post("/v1/locks/{name:.+}", name="lock_acquire")
+async def lock_acquire(request: web.Request) -> web.Response:
+    """Take a lock (``mode`` exclusive or shared); wait up to wait_ms for it."""
+    name = _lock_name(request)
+    locks = request.app[CONFIG].locks
+    body = await _json_object(request, {"ttl_ms", "wait_ms", "mode"})
+    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
+    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
+    mode = _mode(body)
+    key = idempotency_key(request)
+    call = request.app[LOCKS].acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key)
+    lease = await _counted(request, mode, call)
+    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
+    return web.json_response({**_grant(name, lease, ttl), "mode": lease.mode})
+
+
+@routes.delete("/v1/locks/{name:.+}", name="lock_release")
+async def lock_release(request: web.Request) -> web.Response:
+    """Release a lease named by the X-Lease-Id header."""
+    return await _release(request, EXCLUSIVE)
+
+
+@routes.get("/v1/locks/{name:.+}", name="lock_status", allow_head=False)
+async def lock_status(request: web.Request) -> web.Response:
+    """Whether a name is held, in which mode, by how many, its token, time left; no lease_id."""
+    name = _lock_name(request)
+    return web.json_response(_state(name, await request.app[LOCKS].inspect(name)))
+
+
+# semaphores
+@routes.post("/v1/semaphores/{name:.+}/renew", name="semaphore_renew")
+async def semaphore_renew(request: web.Request) -> web.Response:
+    """Extend a semaphore lease."""
+    return await _renew(request, SEMAPHORE)
+
+
+@routes.post("/v1/semaphores/{name:.+}", name="semaphore_acquire")
+async def semaphore_acquire(request: web.Request) -> web.Response:
+    """Take one of ``permits`` leases of a semaphore; wait up to wait_ms for one."""
+    name = _lock_name(request)
+    locks = request.app[CONFIG].locks
+    body = await _json_object(request, {"permits", "ttl_ms", "wait_ms"})
+    permits = _permits(body)
+    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
+    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
+    key = idempotency_key(request)
+    call = request.app[LOCKS].acquire_semaphore(
+        name, permits, ttl=ttl, wait=wait, idempotency_key=key
+    )
+    lease = await _counted(request, SEMAPHORE, call)
+    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
+    return web.json_response({**_grant(name, lease, ttl), "permits": lease.permits})
+
+
+@routes.delete("/v1/semaphores/{name:.+}", name="semaphore_release")
+async def semaphore_release(request: web.Request) -> web.Response:
+    """Release a semaphore lease named by the X-Lease-Id header."""
+    return await _release(request, SEMAPHORE)
+
+
+@routes.get("/v1/semaphores/{name:.+}", name="semaphore_status", allow_head=False)
+async def semaphore_status(request: web.Request) -> web.Response:
+    """The name's state, as for locks (``mode`` is ``semaphore`` while a semaphore holds it)."""
+    name = _lock_name(request)
+    return web.json_response(_state(name, await request.app[LOCKS].inspect(name)))
