@@ -11,11 +11,9 @@ the lease). With ``[auth]`` the key is scoped to the API key that sent it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
-import time
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final
 
@@ -23,8 +21,8 @@ from aiohttp import web
 
 from gateway.errors import BadRequest
 from gateway.state import API_KEY, CONFIG, LOCKS, METRICS
-from lockservice import Lease, LockHeld, LockInfo, LockManager, PermitsMismatch, QuorumUnavailable
-from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, SEMAPHORE, validate_name
+from lockservice import Lease, LockInfo, LockManager
+from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, validate_name
 
 __all__ = ["IDEMPOTENCY_HEADER", "LEASE_HEADER", "idempotency_key", "routes"]
 
@@ -137,33 +135,11 @@ def idempotency_key(request: web.Request) -> str | None:
     return value if api_key is None else f"{api_key.name}\n{value}"
 
 
-async def _counted(request: web.Request, kind: str, call: Awaitable[Lease]) -> Lease:
-    """``call``'s lease; the acquire is counted by kind and result (``gateway/metrics.py``)."""
-    started = time.perf_counter()
-    result = "cancelled"
+async def _acquired(call: Awaitable[Lease]) -> Lease:
     try:
-        lease = await call
-        result = "granted"
-        return lease
-    except LockHeld:
-        result = "held"
-        raise
-    except PermitsMismatch:
-        result = "permits_mismatch"
-        raise
-    except QuorumUnavailable:
-        result = "quorum_unavailable"
-        raise
-    except ValueError as exc:
-        result = "bad_request"
+        return await call
+    except ValueError as exc:  # the lock service's own checks, after ours
         raise BadRequest(str(exc)) from None
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        result = "error"
-        raise
-    finally:
-        request.app[METRICS].acquire_by_kind(kind, result, time.perf_counter() - started)
 
 
 def _grant(name: str, lease: Lease, ttl: float) -> dict[str, object]:
@@ -189,7 +165,7 @@ def _state(name: str, info: LockInfo) -> dict[str, object]:
     }
 
 
-async def _renew(request: web.Request, mode: str) -> web.Response:
+async def _renew(request: web.Request) -> web.Response:
     """Extend a lease by its lease_id; reply with its token, the ttl and the new validity.
 
     ``valid_ms`` is what the lock service computed (ttl - elapsed - drift), measured
@@ -207,8 +183,10 @@ async def _renew(request: web.Request, mode: str) -> web.Response:
     lease_id = _lease_id(body.get("lease_id"), "lease_id")
     ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
     # The gateway keeps no lease: a handle (name + id) is all the lock service needs;
-    # its extend confirms the lease with the nodes and returns the lease's token.
-    extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id, mode=mode), ttl)
+    # its extend confirms the lease with the nodes and returns the lease's token. It
+    # finds the lease by its id whatever its kind: the renew and DELETE routes of
+    # /v1/locks and /v1/semaphores name one name space and act alike.
+    extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id), ttl)
     valid = extended.remaining()
     request.app[METRICS].lease_renewed(lease_id, valid)
     return web.json_response(
@@ -216,12 +194,12 @@ async def _renew(request: web.Request, mode: str) -> web.Response:
     )
 
 
-async def _release(request: web.Request, mode: str) -> web.Response:
+async def _release(request: web.Request) -> web.Response:
     name = _lock_name(request)
     lease_id = _lease_id(request.headers.get(LEASE_HEADER), f"header {LEASE_HEADER}")
     metrics = request.app[METRICS]
     try:
-        await request.app[LOCKS].release(LockManager.handle(name, lease_id, mode=mode))
+        await request.app[LOCKS].release(LockManager.handle(name, lease_id))
     finally:
         metrics.lease_ended(lease_id)
     return web.Response(status=204)
@@ -231,7 +209,7 @@ async def _release(request: web.Request, mode: str) -> web.Response:
 @routes.post("/v1/locks/{name:.+}/renew", name="lock_renew")
 async def lock_renew(request: web.Request) -> web.Response:
     """Extend an exclusive or shared lease."""
-    return await _renew(request, EXCLUSIVE)
+    return await _renew(request)
 
 
 @routes.post("/v1/locks/{name:.+}", name="lock_acquire")
@@ -244,8 +222,9 @@ async def lock_acquire(request: web.Request) -> web.Response:
     wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
     mode = _mode(body)
     key = idempotency_key(request)
-    call = request.app[LOCKS].acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key)
-    lease = await _counted(request, mode, call)
+    lease = await _acquired(
+        request.app[LOCKS].acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key)
+    )
     request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
     return web.json_response({**_grant(name, lease, ttl), "mode": lease.mode})
 
@@ -253,7 +232,7 @@ async def lock_acquire(request: web.Request) -> web.Response:
 @routes.delete("/v1/locks/{name:.+}", name="lock_release")
 async def lock_release(request: web.Request) -> web.Response:
     """Release a lease named by the X-Lease-Id header."""
-    return await _release(request, EXCLUSIVE)
+    return await _release(request)
 
 
 @routes.get("/v1/locks/{name:.+}", name="lock_status", allow_head=False)
@@ -267,7 +246,7 @@ async def lock_status(request: web.Request) -> web.Response:
 @routes.post("/v1/semaphores/{name:.+}/renew", name="semaphore_renew")
 async def semaphore_renew(request: web.Request) -> web.Response:
     """Extend a semaphore lease."""
-    return await _renew(request, SEMAPHORE)
+    return await _renew(request)
 
 
 @routes.post("/v1/semaphores/{name:.+}", name="semaphore_acquire")
@@ -280,10 +259,9 @@ async def semaphore_acquire(request: web.Request) -> web.Response:
     ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
     wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
     key = idempotency_key(request)
-    call = request.app[LOCKS].acquire_semaphore(
-        name, permits, ttl=ttl, wait=wait, idempotency_key=key
+    lease = await _acquired(
+        request.app[LOCKS].acquire_semaphore(name, permits, ttl=ttl, wait=wait, idempotency_key=key)
     )
-    lease = await _counted(request, SEMAPHORE, call)
     request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
     return web.json_response({**_grant(name, lease, ttl), "permits": lease.permits})
 
@@ -291,7 +269,7 @@ async def semaphore_acquire(request: web.Request) -> web.Response:
 @routes.delete("/v1/semaphores/{name:.+}", name="semaphore_release")
 async def semaphore_release(request: web.Request) -> web.Response:
     """Release a semaphore lease named by the X-Lease-Id header."""
-    return await _release(request, SEMAPHORE)
+    return await _release(request)
 
 
 @routes.get("/v1/semaphores/{name:.+}", name="semaphore_status", allow_head=False)

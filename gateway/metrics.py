@@ -61,12 +61,12 @@ NAMESPACE: Final = "fencegate"
 # storage_adapters/base.py); a value outside these still counts, it is just not
 # exported at 0 before its first event.
 NODE_STATES: Final = tuple(state.value for state in NodeState)
-ACQUIRE_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
-# Acquires through the HTTP API by kind (gateway/lock_routes.py): the lock service's
-# hooks do not know the kind, so the gateway counts these itself, around the call.
+ACQUIRE_RESULTS: Final = (
+    "granted", "held", "quorum_unavailable", "permits_mismatch", "cancelled",
+)  # fmt: skip
+# Acquires by kind (LockEvents.acquire_done's kind): the by-kind series beside the totals.
 LOCK_KINDS: Final = ("exclusive", "shared", "semaphore")
 KIND_RESULTS: Final = ("granted", "held", "quorum_unavailable", "cancelled")
-# also "permits_mismatch" (semaphores), "bad_request" and "error": not exported at 0
 RENEW_RESULTS: Final = ("ok", "lost", "error")
 # The gateway releases by lease id alone, so a release it cannot do is "not_held" (a
 # retried DELETE, or a lease that expired or was taken): never a lost lease. The results
@@ -213,13 +213,13 @@ class Metrics:
             ),
             kind_acquisitions=Counter(
                 "lock_acquisitions_by_kind",
-                "HTTP acquires by kind (exclusive, shared, semaphore) and result",
+                "Lock acquire attempts, by kind (exclusive, shared, semaphore) and result",
                 ["kind", "result"],
                 **r,
             ),
             kind_acquire_wait=Histogram(
                 "lock_acquire_wait_by_kind_seconds",
-                "Time from an HTTP acquire to its grant or refusal, by kind (contention)",
+                "Time from an acquire request to its grant or refusal, by kind (contention)",
                 ["kind", "result"],
                 buckets=_WAIT_BUCKETS,
                 **r,
@@ -330,6 +330,8 @@ class Metrics:
     def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
         self._child(self.lock_acquisitions, result).inc()
         self._child(self.acquire_wait, result).observe(wait_seconds)
+        self._child(self.kind_acquisitions, kind, result).inc()
+        self._child(self.kind_acquire_wait, kind, result).observe(wait_seconds)
 
     def waiting(self, delta: int, *, kind: str = "exclusive") -> None:
         self.waiters.inc(delta)
@@ -375,11 +377,6 @@ class Metrics:
         held = self.leases.ended(lease_id)
         if held is not None:
             self.hold_time.observe(held)
-
-    def acquire_by_kind(self, kind: str, result: str, seconds: float) -> None:
-        """An HTTP acquire of ``kind`` (exclusive, shared, semaphore) ended with ``result``."""
-        self._child(self.kind_acquisitions, kind, result).inc()
-        self._child(self.kind_acquire_wait, kind, result).observe(seconds)
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
         self._child(self.http_requests, route, method, str(status)).inc()

@@ -53,8 +53,8 @@ async def test_shared_leases_hold_together_and_exclude_an_exclusive_one(client: 
     assert renewed[0] == 200, renewed
     assert renewed[1]["token"] == first["token"]
     for grant in (first, second):
-        response = await client.delete("/v1/locks/report", headers={"X-Lease-Id": grant["lease_id"]})
-        assert response.status == 204
+        headers = {"X-Lease-Id": grant["lease_id"]}
+        assert (await client.delete("/v1/locks/report", headers=headers)).status == 204
 
     status, exclusive = await post(client, "/v1/locks/report", {"ttl_ms": 5000})
     assert status == 200, exclusive

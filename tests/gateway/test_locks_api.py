@@ -33,7 +33,8 @@ def drift_ms(ttl_ms: int) -> int:
 
 async def test_acquire_returns_token_lease_id_ttl_and_validity(client: Client) -> None:
     grant = await acquire(client, "orders/42", ttl_ms=5000)
-    assert set(grant) == {"name", "token", "lease_id", "ttl_ms", "valid_ms"}
+    assert set(grant) == {"name", "token", "lease_id", "ttl_ms", "valid_ms", "mode"}
+    assert grant["mode"] == "exclusive"
     assert grant["name"] == "orders/42"
     assert isinstance(grant["token"], int)
     assert grant["token"] > 0
@@ -152,7 +153,7 @@ async def test_status_never_shows_the_lease_id(client: Client, lock_urls: list[s
     response = await client.get("/v1/locks/shown")
     body = await response.json()
     assert response.status == 200
-    assert set(body) == {"name", "held", "token", "ttl_ms"}
+    assert set(body) == {"name", "held", "token", "ttl_ms", "mode", "holders", "permits"}
     assert body["held"] is True
     assert_lease_token(body["token"], grant["token"], lock_urls)
     assert 0 < body["ttl_ms"] <= 2000

@@ -24,6 +24,8 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.metrics import (
     ACQUIRE_RESULTS,
+    KIND_RESULTS,
+    LOCK_KINDS,
     LOST_REASONS,
     NODE_STATES,
     REJECT_REASONS,
@@ -38,7 +40,7 @@ from tests._servers import RedisNode
 Client = TestClient[web.Request, web.Application]
 LEASE_ID = "0123456789abcdef0123456789abcdef"
 ALLOWED_LABELS = {"result", "reason", "operation", "store", "node", "state", "route", "method",
-                  "status", "le"}  # fmt: skip
+                  "status", "le", "kind"}  # fmt: skip
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -54,7 +56,7 @@ def test_every_metric_is_named_for_prometheus() -> None:
     registry = CollectorRegistry()
     Metrics.create(registry, stores=["kv"], nodes=["127.0.0.1:7101"])
     found = families(registry)
-    assert len(found) == 17
+    assert len(found) == 19
     for family in found:
         assert family.name.startswith("fencegate_"), family.name
         assert family.documentation.strip(), f"{family.name} has no help text"
@@ -106,6 +108,11 @@ def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
     get = registry.get_sample_value
     for result in ACQUIRE_RESULTS:
         assert get("fencegate_lock_acquisitions_total", {"result": result}) == 0
+    for kind in LOCK_KINDS:
+        for result in KIND_RESULTS:
+            labels = {"kind": kind, "result": result}
+            assert get("fencegate_lock_acquisitions_by_kind_total", labels) == 0
+            assert get("fencegate_lock_acquire_wait_by_kind_seconds_count", labels) == 0
     for result in RENEW_RESULTS:
         assert get("fencegate_lock_renewals_total", {"result": result}) == 0
     for reason in LOST_REASONS:
@@ -126,6 +133,11 @@ HOOKS: list[tuple[str, Callable[[Metrics], object], str, dict[str, str]]] = [
      "fencegate_lock_acquisitions_total", {"result": "granted"}),
     ("acquire-wait", lambda m: m.acquire_done("held", 0.3),
      "fencegate_lock_acquire_wait_seconds_count", {"result": "held"}),
+    ("acquire-kind", lambda m: m.acquire_done("granted", 0.002, kind="shared"),
+     "fencegate_lock_acquisitions_by_kind_total", {"kind": "shared", "result": "granted"}),
+    ("acquire-kind-wait", lambda m: m.acquire_done("permits_mismatch", 0.001, kind="semaphore"),
+     "fencegate_lock_acquire_wait_by_kind_seconds_count",
+     {"kind": "semaphore", "result": "permits_mismatch"}),
     ("waiting", lambda m: m.waiting(+1), "fencegate_lock_waiters", {}),
     ("released", lambda m: m.released(0.0, "released"),
      "fencegate_lock_releases_total", {"result": "released"}),
