@@ -176,9 +176,10 @@ async def _renew(request: web.Request) -> web.Response:
     body = await _json_object(request, {"lease_id", "ttl_ms", "wait_ms", "mode", "permits"})
     if not {"wait_ms", "mode", "permits"}.isdisjoint(body) or "lease_id" not in body:
         # an acquire of a name ending in /renew
+        kind = "semaphore" if request.path.startswith("/v1/semaphores/") else "lock"
         raise BadRequest(
-            f"this is the renew route of {name!r}: it needs lease_id (and takes ttl_ms); "
-            "to take a lock, use a name whose last segment is not 'renew'"
+            f"this is the renew route of {kind} {name!r}: it needs lease_id (and takes "
+            f"ttl_ms); to take a {kind}, use a name whose last segment is not 'renew'"
         )
     lease_id = _lease_id(body.get("lease_id"), "lease_id")
     ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
