@@ -1,0 +1,127 @@
+"""A lost acquire response, retried with its Idempotency-Key, returns the lease it granted.
+
+The client sends ``POST /v1/locks/{name}`` (or a semaphore's) on a raw socket
+and closes the connection without reading the answer: the grant happened,
+its response was lost. The retry with the same key gets that lease back
+(same ``lease_id`` and token) instead of queueing behind itself; without the
+key, the retry would find the name held by its own lost lease.
+
+Over gateway processes: one on the in-process backend, and two over three
+Redis nodes with the retry sent to the other gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+
+from tests._servers import RedisNode
+from tests.faults.test_gateway_two_processes import gateways, http_session
+
+pytestmark = pytest.mark.faults
+
+
+@contextlib.asynccontextmanager
+async def unread(url: str, path: str, body: dict[str, Any], key: str) -> AsyncIterator[None]:
+    """The whole request on a raw socket; on exit the socket closes with the answer unread.
+
+    (Closed before the gateway read the body, the request would not be served at
+    all: aiohttp fails the body read. The lost response is the case that matters.)
+    """
+    parts = urlsplit(url)
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nIdempotency-Key: {key}\r\n\r\n"
+    ).encode()
+    _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(head + data)
+        await writer.drain()
+        yield
+    finally:
+        writer.transport.abort()  # a reset, and the response is never read
+
+
+async def held_state(session: aiohttp.ClientSession, url: str, name: str) -> dict[str, Any]:
+    """The lock's state once it is held (the dropped request was served), within 10 s."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        async with session.get(f"{url}/v1/locks/{name}") as response:
+            state: dict[str, Any] = await response.json()
+        if state["held"] or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.02)
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any], key: str | None
+) -> tuple[int, dict[str, Any]]:
+    headers = {} if key is None else {"Idempotency-Key": key}
+    async with session.post(url + path, json=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+@pytest.fixture(params=["memory-1gw", "redis3-2gw"])
+async def urls(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[list[str]]:
+    """Gateway URLs: the retry goes to the last one, the dropped request to the first."""
+    raw: dict[str, Any] = {"stores": {"files": {"type": "files", "root": str(tmp_path / "f")}}}
+    count = 1
+    if request.param.startswith("redis3"):
+        nodes: list[RedisNode] = request.getfixturevalue("redis3")
+        raw["locks"] = {"redis": [n.url for n in nodes], "node_timeout_ms": 500}
+        count = 2
+    with gateways(tmp_path, raw, count) as procs:
+        async with http_session() as session:
+            await asyncio.gather(*(p.wait_ready(session) for p in procs))
+        yield [p.url for p in procs]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/locks/jobs/lost-answer", {"ttl_ms": 10_000}),
+        ("/v1/locks/jobs/lost-answer", {"ttl_ms": 10_000, "mode": "shared"}),
+        ("/v1/semaphores/jobs/lost-answer", {"ttl_ms": 10_000, "permits": 1}),
+    ],
+    ids=["exclusive", "shared", "semaphore"],
+)
+async def test_a_retry_after_a_dropped_response_gets_the_same_lease(
+    urls: list[str], path: str, body: dict[str, Any]
+) -> None:
+    first, last = urls[0], urls[-1]
+    name = "jobs/lost-answer"
+    key = "cron-2026-11-24T01:00:lost"
+    async with http_session() as session:
+        async with unread(first, path, body, key):
+            state = await held_state(session, last, name)
+        assert state["held"], "the dropped acquire was never granted"
+        assert state["holders"] == 1
+
+        status, lease = await post(session, last, path, {**body, "wait_ms": 2000}, key)
+        assert status == 200, lease
+        assert lease["token"] == state["token"]  # the grant the lost response carried
+        assert (await held_state(session, last, name))["holders"] == 1  # not a second lease
+        status, again = await post(session, first, path, body, key)
+        assert status == 200, again
+        assert (again["lease_id"], again["token"]) == (lease["lease_id"], lease["token"])
+
+        if "permits" in body or body.get("mode") != "shared":
+            # Without the key, a retry finds the name held by its own lost lease.
+            status, refused = await post(session, last, path, body, None)
+            assert (status, refused["error"]) == (409, "lock_held"), refused
+
+        headers = {"X-Lease-Id": lease["lease_id"]}
+        async with session.delete(last + path, headers=headers) as response:
+            assert response.status == 204
+        async with session.get(f"{last}/v1/locks/{name}") as response:
+            assert not (await response.json())["held"]
