@@ -34,13 +34,14 @@ async def test_shared_leases_hold_together_and_exclude_an_exclusive_one(client: 
     status, second = await post(client, "/v1/locks/report", {"ttl_ms": 5000, "mode": "shared"})
     assert status == 200, second
     assert second["lease_id"] != first["lease_id"]
-    assert second["token"] == first["token"]  # shared: the newest token issued, not a new one
+    # Every grant issues a new token, a shared one too: the newest issued at its grant.
+    assert second["token"] > first["token"]
 
     state = await (await client.get("/v1/locks/report")).json()
     assert state["held"] is True
     assert state["mode"] == "shared"
     assert state["holders"] == 2
-    assert state["token"] == first["token"]
+    assert state["token"] == second["token"]  # the newest token of a current holder
     assert "lease_id" not in state
 
     response = await client.post("/v1/locks/report", json={"ttl_ms": 5000})
@@ -59,7 +60,7 @@ async def test_shared_leases_hold_together_and_exclude_an_exclusive_one(client: 
     status, exclusive = await post(client, "/v1/locks/report", {"ttl_ms": 5000})
     assert status == 200, exclusive
     assert exclusive["mode"] == "exclusive"
-    assert exclusive["token"] > first["token"]
+    assert exclusive["token"] > second["token"]
     status, refused = await post(client, "/v1/locks/report", {"mode": "shared"})
     assert (status, refused["error"]) == (409, "lock_held")
 
