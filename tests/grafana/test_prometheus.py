@@ -1,6 +1,6 @@
 """A real Prometheus scrapes a real gateway under load; every dashboard and alert query has data.
 
-One scenario for the module (about 15 s): three ``redis-server`` nodes, a
+One scenario for the module (about 17 s): three ``redis-server`` nodes, a
 ``python -m gateway serve`` process with a files store, a PostgreSQL store
 (a throw-away schema) and a MySQL store (a throw-away database), and
 Prometheus scraping it every second with ``grafana/prometheus/alerts.yml``
@@ -8,6 +8,8 @@ loaded. The load, bounded in time and count:
 
 1. contention: 12 clients on 4 hot locks, each grant followed by a fenced
    write, a renewal and a release; some clients do not wait (409 lock_held);
+   then lock kinds: readers and a writer on one name, semaphore holders, and
+   one request with other permits (409 permits_mismatch);
 2. refused writes on each store: 25 writes with an older token (409
    stale_token), 25 with a forged token (403 token_not_issued), a few without
    or with a malformed token;
@@ -175,6 +177,36 @@ class Load:
 
         await asyncio.gather(*(client(i) for i in range(clients)))
 
+    async def kinds(self, seconds: float) -> None:
+        """Readers and a writer on one name, two semaphore holders, one permits mismatch."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+
+        async def client(i: int) -> None:
+            path, body, what = "/v1/locks/kinds/report", {"mode": "shared"}, "shared"
+            if i == 0:
+                body, what = {"mode": "exclusive"}, "exclusive"
+            elif i >= 5:
+                path, body, what = "/v1/semaphores/kinds/pool", {"permits": 2}, "semaphore"
+            for _ in range(200):
+                if loop.time() >= end:
+                    return
+                status, grant = await self.call(
+                    "POST", path, what, json={**body, "ttl_ms": 2000, "wait_ms": 300}
+                )
+                if status == 200:
+                    await asyncio.sleep(0.005)
+                    headers = {"X-Lease-Id": grant["lease_id"]}
+                    await self.call("DELETE", path, "release", headers=headers)
+
+        await asyncio.gather(*(client(i) for i in range(8)))
+        held = await self.call(
+            "POST", "/v1/semaphores/kinds/sized", "semaphore", json={"permits": 2}
+        )
+        await self.call("POST", "/v1/semaphores/kinds/sized", "semaphore", json={"permits": 3})
+        headers = {"X-Lease-Id": held[1]["lease_id"]}
+        await self.call("DELETE", "/v1/semaphores/kinds/sized", "release", headers=headers)
+
     async def refused_writes(self, store: str) -> None:
         name, key = f"{store}/stale", "stale"
         old = await self.acquire(name)
@@ -217,6 +249,7 @@ async def _drive(url: str, nodes: list[RedisNode]) -> Counter[str]:
     async with aiohttp.ClientSession(base_url=url, timeout=timeout) as http:
         load = Load(http)
         await load.contention(4.0)
+        await load.kinds(1.5)
         for store in STORES:
             await load.refused_writes(store)
         await asyncio.gather(*(load.lost_lease(i) for i in range(LOST_LEASES)))
@@ -306,6 +339,10 @@ def test_the_load_did_what_it_says(observed: Observed) -> None:
         assert s[f"put {store} 428"] == s[f"put {store} 400"] == 3, s
     assert s["renew 409"] == s["release 409"] == LOST_LEASES, s
     assert s["acquire 503"] > 0, s
+    assert s["shared 200"] > 10, s
+    assert s["exclusive 200"] > 0, s
+    assert s["semaphore 200"] > 10, s
+    assert s["semaphore 409"] >= 1, s  # permits_mismatch at least
     assert s["readyz 503"] == 1, s
 
 
@@ -377,6 +414,18 @@ def test_each_event_of_the_load_is_seen_by_prometheus(observed: Observed) -> Non
         "held": inc('fencegate_lock_acquisitions_total{result="held"}'),
         "no quorum": inc('fencegate_lock_acquisitions_total{result="quorum_unavailable"}'),
         "waited": inc('fencegate_lock_acquire_wait_seconds_bucket{le="+Inf"}'),
+        "shared granted": inc(
+            'fencegate_lock_acquisitions_by_kind_total{kind="shared",result="granted"}'
+        ),
+        "semaphore granted": inc(
+            'fencegate_lock_acquisitions_by_kind_total{kind="semaphore",result="granted"}'
+        ),
+        "permits mismatch": inc(
+            'fencegate_lock_acquisitions_by_kind_total{kind="semaphore",result="permits_mismatch"}'
+        ),
+        "shared waited": inc(
+            'fencegate_lock_acquire_wait_by_kind_seconds_bucket{kind="shared",le="+Inf"}'
+        ),
         "waiters": observed.prometheus.value("max(max_over_time(fencegate_lock_waiters[5m]))"),
         "hold": inc("fencegate_lock_hold_seconds_count"),
         "renewed": inc('fencegate_lock_renewals_total{result="ok"}'),
