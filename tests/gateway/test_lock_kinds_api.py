@@ -7,11 +7,13 @@ under faults are the lock service's tests.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.app import start_draining
 from tests.gateway.conftest import Client, Start, auth_section, bearer, make_config
 
 
@@ -341,3 +343,22 @@ async def test_answers_match_their_openapi_schemas(client: Client) -> None:
     responses = doc["paths"]["/v1/semaphores/{name}"]["post"]["responses"]
     assert "permits_mismatch" in responses["409"]["description"]
     assert "Retry-After" in responses["409"]["headers"]
+
+
+async def test_draining_answers_a_waiting_semaphore_acquire_and_refuses_new_ones(
+    client: Client,
+) -> None:
+    status, held = await post(client, "/v1/semaphores/drained", {"permits": 1, "ttl_ms": 5000})
+    assert status == 200, held
+    waiting = asyncio.create_task(
+        post(client, "/v1/semaphores/drained", {"permits": 1, "wait_ms": 10_000})
+    )
+    await asyncio.sleep(0.2)
+    assert client.app is not None
+    start_draining(client.app)
+    status, answer = await asyncio.wait_for(waiting, 5)
+    assert (status, answer["error"]) == (503, "shutting_down")
+    status, refused = await post(client, "/v1/semaphores/other", {"permits": 1})
+    assert (status, refused["error"]) == (503, "shutting_down")
+    headers = {"X-Lease-Id": held["lease_id"]}  # holders can still finish
+    assert (await client.delete("/v1/semaphores/drained", headers=headers)).status == 204
