@@ -166,7 +166,9 @@ class FencegateClient:
             LockHeld: still held when ``wait`` ran out (``.retry_after``).
             ValueError: the name's last segment is ``renew``.
         """
-        body = {"ttl_ms": ms(ttl), "wait_ms": ms(wait), "mode": mode}
+        body: dict[str, object] = {"ttl_ms": ms(ttl), "wait_ms": ms(wait)}
+        if mode != "exclusive":  # the default: a gateway without lock kinds takes the body
+            body["mode"] = mode
         started = time.monotonic()
         data = await self._json("POST", acquire_path(name), body=body, extra=wait,
                                 headers=idempotency_headers(idempotency_key))  # fmt: skip

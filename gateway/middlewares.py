@@ -140,6 +140,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 def _render(request: web.Request, exc: Exception) -> web.Response:
     status = status_of(exc)
+    if status is None and isinstance(exc, ConnectionResetError) and _client_gone(request):
+        # The client closed the connection before its body arrived (aiohttp fails the
+        # read): nobody is left to answer, and it is no bug. Counted as 499 (nginx's).
+        log.debug("%s %s: the client went away: %s", request.method, route_label(request), exc)
+        return web.Response(status=499)
     if status is None:
         log.exception("unhandled error in %s %s", request.method, route_label(request))
         return web.json_response(
@@ -149,6 +154,11 @@ def _render(request: web.Request, exc: Exception) -> web.Response:
     if status >= 500 and not isinstance(exc, ShuttingDown | StoreNotStarted):
         log.warning("%s %s: %s", request.method, route_label(request), exc)
     return _json_error(exc, status)
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def authenticate(header: str | None, keys: tuple[ApiKey, ...]) -> ApiKey:

@@ -132,7 +132,9 @@ class SyncFencegateClient:
             ValueError: the name's last segment is ``renew``.
         """
         started = time.monotonic()
-        body = {"ttl_ms": ms(ttl), "wait_ms": ms(wait), "mode": mode}
+        body: dict[str, object] = {"ttl_ms": ms(ttl), "wait_ms": ms(wait)}
+        if mode != "exclusive":  # the default: a gateway without lock kinds takes the body
+            body["mode"] = mode
         data = self._json("POST", acquire_path(name), body=body, extra=wait,
                           headers=idempotency_headers(idempotency_key))  # fmt: skip
         return lease_from(data, started)

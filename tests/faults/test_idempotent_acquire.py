@@ -7,7 +7,8 @@ its response was lost. The retry with the same key gets that lease back
 key, the retry would find the name held by its own lost lease.
 
 Over gateway processes: one on the in-process backend, and two over three
-Redis nodes with the retry sent to the other gateway.
+Redis nodes with the retry sent to the other gateway. And the other side of a
+dropped connection: a client gone before its body was read is no bug in the log.
 """
 
 from __future__ import annotations
@@ -125,3 +126,31 @@ async def test_a_retry_after_a_dropped_response_gets_the_same_lease(
             assert response.status == 204
         async with session.get(f"{last}/v1/locks/{name}") as response:
             assert not (await response.json())["held"]
+
+
+async def test_a_client_gone_before_its_body_is_read_is_not_logged_as_a_bug(
+    tmp_path: Path,
+) -> None:
+    # The whole request, then close at once: the gateway loses the connection before
+    # the handler reads the body, and aiohttp fails that read (ConnectionResetError).
+    raw: dict[str, Any] = {"stores": {"files": {"type": "files", "root": str(tmp_path / "f")}}}
+    with gateways(tmp_path, raw, 1) as (gateway,):
+        async with http_session() as session:
+            await gateway.wait_ready(session)
+            for _ in range(5):
+                _, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+                writer.write(b"POST /v1/locks/gone HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 17\r\n\r\n{\"ttl_ms\": 10000}")  # fmt: skip
+                writer.close()
+                await writer.wait_closed()
+            await asyncio.sleep(0.3)
+            async with session.get(f"{gateway.url}/metrics") as response:
+                text = await response.text()
+        log = gateway.log_text()
+    assert "unhandled error" not in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    counted = 'fencegate_http_requests_total{method="POST",route="/v1/locks/{name}",status='
+    statuses = {line[len(counted) :].split("}")[0] for line in text.splitlines()
+                if line.startswith(counted)}  # fmt: skip
+    assert '"499"' in statuses, statuses  # counted as the client going away
+    assert not {s for s in statuses if s.startswith('"5')}, statuses

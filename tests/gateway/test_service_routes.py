@@ -140,9 +140,11 @@ async def test_openapi_documents_every_error_code_and_header(client: Client) -> 
     text = str(doc)
     for code in ("lock_held", "quorum_unavailable", "bad_request", "lease_lost", "token_required",
                  "bad_token", "stale_token", "token_not_issued", "unknown_store", "too_large",
-                 "not_found", "storage_unavailable", "unauthorized", "forbidden"):  # fmt: skip
+                 "not_found", "storage_unavailable", "unauthorized", "forbidden",
+                 "permits_mismatch"):  # fmt: skip
         assert code in text, code
-    for header in ("Retry-After", "X-Fencing-Token", "X-Fencing-Lock", "X-Lease-Id"):
+    for header in ("Retry-After", "X-Fencing-Token", "X-Fencing-Lock", "X-Lease-Id",
+                   "Idempotency-Key"):  # fmt: skip
         assert header in text, header
     acquire = doc["paths"]["/v1/locks/{name}"]["post"]["responses"]
     assert set(acquire) >= {"200", "400", "409", "503"}
