@@ -362,3 +362,25 @@ async def test_draining_answers_a_waiting_semaphore_acquire_and_refuses_new_ones
     assert (status, refused["error"]) == (503, "shutting_down")
     headers = {"X-Lease-Id": held["lease_id"]}  # holders can still finish
     assert (await client.delete("/v1/semaphores/drained", headers=headers)).status == 204
+
+
+async def test_a_shared_lease_token_is_refused_for_a_fenced_read_after_a_later_write(
+    start: Start, lock_urls: list[str], tmp_path: Any
+) -> None:
+    stores = {"files": {"type": "files", "root": str(tmp_path / "files")}}
+    client = await start(make_config(lock_urls=lock_urls, stores=stores))
+    status, reader = await post(client, "/v1/locks/files/report", {"mode": "shared"})
+    assert status == 200, reader
+    fenced = {"X-Fencing-Token": str(reader["token"])}
+    assert (await client.put("/v1/stores/files/report", data=b"v1", headers=fenced)).status == 200
+    assert (await client.get("/v1/stores/files/report", headers=fenced)).status == 200
+    headers = {"X-Lease-Id": reader["lease_id"]}
+    assert (await client.delete("/v1/locks/files/report", headers=headers)).status == 204
+    status, writer = await post(client, "/v1/locks/files/report", {})
+    assert status == 200, writer
+    written = await client.put("/v1/stores/files/report", data=b"v2",
+                               headers={"X-Fencing-Token": str(writer["token"])})  # fmt: skip
+    assert written.status == 200
+    late = await client.get("/v1/stores/files/report", headers=fenced)  # the reader, paused
+    assert late.status == 409
+    assert (await late.json())["error"] == "stale_token"
