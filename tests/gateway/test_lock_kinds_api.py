@@ -384,3 +384,22 @@ async def test_a_shared_lease_token_is_refused_for_a_fenced_read_after_a_later_w
     late = await client.get("/v1/stores/files/report", headers=fenced)  # the reader, paused
     assert late.status == 409
     assert (await late.json())["error"] == "stale_token"
+
+
+async def test_a_lease_fenced_store_takes_only_the_newest_holders_token(
+    start: Start, lock_urls: list[str], tmp_path: Any
+) -> None:
+    # fencing = "lease" checks the token against the one GET /v1/locks shows: of several
+    # shared or semaphore holders, the newest. An older holder's write is refused (the
+    # safe side: the gateway cannot tell which of the holders' tokens it is).
+    stores = {"files": {"type": "files", "root": str(tmp_path / "files"), "fencing": "lease"}}
+    client = await start(make_config(lock_urls=lock_urls, stores=stores))
+    grants = [(await post(client, "/v1/semaphores/files/pool", {"permits": 2}))[1] for _ in "ab"]
+    older, newer = sorted(grants, key=lambda g: g["token"])
+
+    async def put(grant: dict[str, Any]) -> int:
+        headers = {"X-Fencing-Token": str(grant["token"])}
+        return (await client.put("/v1/stores/files/pool", data=b"x", headers=headers)).status
+
+    assert await put(newer) == 200
+    assert await put(older) == 409
