@@ -160,19 +160,19 @@ class FencegateClient:
         Args:
             mode: ``"exclusive"`` (a new, larger token) or ``"shared"`` (with
                 other shared leases; the newest token issued for the name).
-            idempotency_key: sent as ``Idempotency-Key``: a retry of this call
-                with the same key returns the same lease while it is held.
+            idempotency_key: sent as ``Idempotency-Key``: a repeated acquire with
+                the same key returns the same lease while it is held, so this call
+                retries once by itself when the gateway could not be reached or its
+                answer was lost (``GatewayUnavailable``).
         Raises:
             LockHeld: still held when ``wait`` ran out (``.retry_after``).
+            GatewayUnavailable: unreachable (twice, with ``idempotency_key``).
             ValueError: the name's last segment is ``renew``.
         """
         body: dict[str, object] = {"ttl_ms": ms(ttl), "wait_ms": ms(wait)}
         if mode != "exclusive":  # the default: a gateway without lock kinds takes the body
             body["mode"] = mode
-        started = time.monotonic()
-        data = await self._json("POST", acquire_path(name), body=body, extra=wait,
-                                headers=idempotency_headers(idempotency_key))  # fmt: skip
-        return lease_from(data, started)
+        return await self._acquire(acquire_path(name), body, wait, idempotency_key)
 
     async def acquire_semaphore(
         self,
@@ -193,10 +193,30 @@ class FencegateClient:
             ValueError: the name's last segment is ``renew``.
         """
         body = {"permits": permits, "ttl_ms": ms(ttl), "wait_ms": ms(wait)}
-        started = time.monotonic()
-        data = await self._json("POST", acquire_semaphore_path(name), body=body, extra=wait,
-                                headers=idempotency_headers(idempotency_key))  # fmt: skip
-        return lease_from(data, started, semaphore=True)
+        path = acquire_semaphore_path(name)
+        return await self._acquire(path, body, wait, idempotency_key, semaphore=True)
+
+    async def _acquire(
+        self,
+        path: str,
+        body: Mapping[str, object],
+        wait: float,
+        key: str | None,
+        *,
+        semaphore: bool = False,
+    ) -> Lease:
+        headers = idempotency_headers(key)
+        for attempt in (1, 2):
+            started = time.monotonic()
+            try:
+                data = await self._json("POST", path, body=body, extra=wait, headers=headers)
+            except GatewayUnavailable as exc:
+                if key is None or attempt == 2:
+                    raise
+                log.info("acquire %s: %s; retrying with its Idempotency-Key", path, exc)
+                continue
+            return lease_from(data, started, semaphore=semaphore)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:
         """Extend ``lease`` to ``ttl`` seconds from now (``POST .../renew``).
@@ -236,13 +256,16 @@ class FencegateClient:
         *,
         auto_renew: bool = True,
         mode: str = "exclusive",
+        idempotency_key: str | None = None,
     ) -> AsyncIterator[Lease]:
         """Hold ``name`` for the body, renewing every ttl/3 (``auto_renew``); release after.
 
         Raises:
             LeaseLost: a renew found the lease gone (the body was cancelled).
         """
-        lease = await self.acquire(name, ttl=ttl, wait=wait, mode=mode)
+        lease = await self.acquire(
+            name, ttl=ttl, wait=wait, mode=mode, idempotency_key=idempotency_key
+        )
         async with self._held(lease, ttl, auto_renew) as held:
             yield held
 
@@ -255,9 +278,12 @@ class FencegateClient:
         wait: float = 0.0,
         *,
         auto_renew: bool = True,
+        idempotency_key: str | None = None,
     ) -> AsyncIterator[Lease]:
         """Hold one of ``permits`` leases of ``name`` for the body, as ``lock()`` does."""
-        lease = await self.acquire_semaphore(name, permits, ttl=ttl, wait=wait)
+        lease = await self.acquire_semaphore(
+            name, permits, ttl=ttl, wait=wait, idempotency_key=idempotency_key
+        )
         async with self._held(lease, ttl, auto_renew) as held:
             yield held
 

@@ -1,7 +1,8 @@
 """``fencegate run NAME -- CMD``: run a command while holding a lock (like ``flock(1)``).
 
 The lock is exclusive, shared (``--shared``) or one lease of a semaphore
-(``--permits N``). It is taken first (exit 1 without running anything if it cannot be);
+(``--permits N``), taken with an ``Idempotency-Key`` of its own (a lost
+answer is retried and the lease comes back). It is taken first (exit 1 without running anything if it cannot be);
 the command then runs in a process group of its own with ``FENCEGATE_LOCK``,
 ``FENCEGATE_TOKEN``, ``FENCEGATE_LEASE_ID`` and ``FENCEGATE_URL`` in its
 environment, while the lease is renewed every ttl/3. SIGINT, SIGTERM and
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -52,10 +54,13 @@ async def run_locked(
         raise ValueError("no command to run: fencegate run NAME -- CMD [ARGS...]")
     started = False
     status = NOT_TAKEN
+    # A lost answer to the acquire is retried with this key: the lease it granted comes
+    # back instead of a second place in the queue behind it.
+    key = f"fencegate-run:{secrets.token_hex(16)}"
     held = (
-        client.lock(name, ttl=ttl, wait=wait, auto_renew=True, mode=mode)
+        client.lock(name, ttl=ttl, wait=wait, auto_renew=True, mode=mode, idempotency_key=key)
         if permits is None
-        else client.semaphore(name, permits, ttl=ttl, wait=wait, auto_renew=True)
+        else client.semaphore(name, permits, ttl=ttl, wait=wait, idempotency_key=key)
     )
     try:
         async with held as lease:

@@ -127,17 +127,16 @@ class SyncFencegateClient:
     ) -> Lease:
         """Take ``name`` for ``ttl`` seconds, waiting up to ``wait`` (see ``FencegateClient``).
 
+        With ``idempotency_key``, retried once when unreachable or its answer was lost.
+
         Raises:
             LockHeld: still held when ``wait`` ran out (``.retry_after``).
             ValueError: the name's last segment is ``renew``.
         """
-        started = time.monotonic()
         body: dict[str, object] = {"ttl_ms": ms(ttl), "wait_ms": ms(wait)}
         if mode != "exclusive":  # the default: a gateway without lock kinds takes the body
             body["mode"] = mode
-        data = self._json("POST", acquire_path(name), body=body, extra=wait,
-                          headers=idempotency_headers(idempotency_key))  # fmt: skip
-        return lease_from(data, started)
+        return self._acquire(acquire_path(name), body, wait, idempotency_key)
 
     def acquire_semaphore(
         self,
@@ -154,11 +153,32 @@ class SyncFencegateClient:
             LockHeld: ``permits`` leases (or a lock) still held it when ``wait`` ran out.
             PermitsMismatch: its holders use another number of permits (``.permits``).
         """
-        started = time.monotonic()
         body = {"permits": permits, "ttl_ms": ms(ttl), "wait_ms": ms(wait)}
-        data = self._json("POST", acquire_semaphore_path(name), body=body, extra=wait,
-                          headers=idempotency_headers(idempotency_key))  # fmt: skip
-        return lease_from(data, started, semaphore=True)
+        path = acquire_semaphore_path(name)
+        return self._acquire(path, body, wait, idempotency_key, semaphore=True)
+
+    def _acquire(
+        self,
+        path: str,
+        body: Mapping[str, object],
+        wait: float,
+        key: str | None,
+        *,
+        semaphore: bool = False,
+    ) -> Lease:
+        """One acquire; with an Idempotency-Key, retried once when unreachable (a lost answer)."""
+        headers = idempotency_headers(key)
+        for attempt in (1, 2):
+            started = time.monotonic()
+            try:
+                data = self._json("POST", path, body=body, extra=wait, headers=headers)
+            except GatewayUnavailable as exc:
+                if key is None or attempt == 2:
+                    raise
+                log.info("acquire %s: %s; retrying with its Idempotency-Key", path, exc)
+                continue
+            return lease_from(data, started, semaphore=semaphore)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def extend(self, lease: Lease, ttl: float = 10.0) -> Lease:
         """Extend ``lease`` to ``ttl`` seconds from now (``POST .../renew``).
@@ -196,13 +216,14 @@ class SyncFencegateClient:
         *,
         auto_renew: bool = True,
         mode: str = "exclusive",
+        idempotency_key: str | None = None,
     ) -> Iterator[Lease]:
         """Hold ``name`` for the body, renewed every ttl/3 by a thread (``auto_renew``).
 
         Raises:
             LeaseLost: after the body, when a renew found the lease gone during it.
         """
-        lease = self.acquire(name, ttl=ttl, wait=wait, mode=mode)
+        lease = self.acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=idempotency_key)
         with self._held(lease, ttl, auto_renew) as held:
             yield held
 
@@ -215,9 +236,12 @@ class SyncFencegateClient:
         wait: float = 0.0,
         *,
         auto_renew: bool = True,
+        idempotency_key: str | None = None,
     ) -> Iterator[Lease]:
         """Hold one of ``permits`` leases of ``name`` for the body, as ``lock()`` does."""
-        lease = self.acquire_semaphore(name, permits, ttl=ttl, wait=wait)
+        lease = self.acquire_semaphore(
+            name, permits, ttl=ttl, wait=wait, idempotency_key=idempotency_key
+        )
         with self._held(lease, ttl, auto_renew) as held:
             yield held
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -17,6 +18,8 @@ from prometheus_client import CollectorRegistry
 from gateway.cli import main
 from gateway.client import (
     FencegateClient,
+    GatewayUnavailable,
+    Lease,
     LockHeld,
     PermitsMismatch,
     SyncFencegateClient,
@@ -241,3 +244,112 @@ def test_run_shared_and_permits_exclude_each_other(capsys: pytest.CaptureFixture
         main(["run", "x", "--shared", "--permits", "2", "--", PY, "-c", "pass"])
     assert exited.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+class DroppingProxy:
+    """A TCP proxy to the gateway that loses the answers of the first ``drop`` requests:
+    it forwards the request, waits for the gateway's answer, and resets the client's
+    connection instead of passing the answer on."""
+
+    def __init__(self, upstream: str, drop: int) -> None:
+        parts = urlsplit(upstream)
+        self.host, self.port = parts.hostname or "", parts.port or 80
+        self.drop = drop
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> DroppingProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+
+        async def requests() -> None:
+            while data := await reader.read(65536):
+                self.requests += sum(data.startswith(m) for m in (b"GET ", b"POST ", b"DELETE "))
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def answers() -> None:
+            while data := await up_reader.read(65536):
+                if self.drop > 0:
+                    self.drop -= 1
+                    writer.transport.abort()  # the answer is lost
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        pumps = [asyncio.create_task(requests()), asyncio.create_task(answers())]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            up_writer.close()
+            writer.close()
+
+
+@pytest.mark.parametrize("kind", ["exclusive", "semaphore"])
+async def test_an_acquire_with_a_key_retries_a_lost_answer_and_gets_its_lease(
+    served: tuple[str, CollectorRegistry], kind: str
+) -> None:
+    url, _ = served
+    name = f"lost/{kind}"
+
+    async def take(client: FencegateClient, key: str | None) -> Lease:
+        if kind == "semaphore":
+            return await client.acquire_semaphore(name, 1, ttl=5.0, idempotency_key=key)
+        return await client.acquire(name, ttl=5.0, idempotency_key=key)
+
+    async with DroppingProxy(url, drop=1) as proxy, FencegateClient(proxy.url) as client:
+        lease = await take(client, "job-7")
+        assert proxy.requests == 2  # the lost answer, then the retry
+        status = await client.inspect(name)
+        assert (status.holders, status.token) == (1, lease.token)
+        await client.release(lease)
+
+    async with DroppingProxy(url, drop=1) as proxy, FencegateClient(proxy.url) as client:
+        with pytest.raises(GatewayUnavailable):  # no key: no retry
+            await take(client, None)
+        with pytest.raises(LockHeld):  # a retry by hand queues behind its own lost lease
+            await take(client, None)
+
+
+async def test_the_sync_client_retries_a_lost_answer_with_its_key(
+    served: tuple[str, CollectorRegistry],
+) -> None:
+    url, _ = served
+    async with DroppingProxy(url, drop=1) as proxy:
+
+        def work() -> tuple[str, int]:
+            with SyncFencegateClient(proxy.url, timeout=10.0) as client:
+                lease = client.acquire("lost/sync", ttl=5.0, mode="shared", idempotency_key="s-1")
+                holders = client.inspect("lost/sync").holders
+                client.release(lease)
+                return lease.mode, holders
+
+        assert await asyncio.to_thread(work) == ("shared", 1)
+        assert proxy.requests == 4  # lost, retried, inspect, release
+
+
+async def test_run_survives_a_lost_answer_to_its_acquire(
+    served: tuple[str, CollectorRegistry],
+) -> None:
+    url, _ = served
+    async with DroppingProxy(url, drop=1) as proxy, FencegateClient(proxy.url) as client:
+        argv = [PY, "-c", "import sys; sys.exit(5)"]
+        status = await run_locked(client, "jobs/lost", argv, url=proxy.url, ttl=1.0, wait=0)
+        assert status == 5  # it got its lease back and ran the command
+        assert not (await client.inspect("jobs/lost")).held  # and released it
