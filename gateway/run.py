@@ -2,16 +2,17 @@
 
 The lock is exclusive, shared (``--shared``) or one lease of a semaphore
 (``--permits N``), taken with an ``Idempotency-Key`` of its own (a lost
-answer is retried and the lease comes back). It is taken first (exit 1 without running anything if it cannot be);
-the command then runs in a process group of its own with ``FENCEGATE_LOCK``,
-``FENCEGATE_TOKEN``, ``FENCEGATE_LEASE_ID`` and ``FENCEGATE_URL`` in its
-environment, while the lease is renewed every ttl/3. SIGINT, SIGTERM and
-SIGHUP sent to ``run`` are passed on to the command's group. When the command
-exits, the lease is released and ``run`` exits with the command's status
-(128 + N for a command killed by signal N). If the lease is lost while the
-command runs, the command's group gets SIGTERM, SIGKILL ``kill_after`` seconds
-later if it is still there, and ``run`` exits 75 (EX_TEMPFAIL): its work may
-have overlapped another holder's and should be retried.
+answer is retried and the lease comes back). It is taken first (exit 1
+without running anything if it cannot be); the command then runs in a
+process group of its own with ``FENCEGATE_LOCK``, ``FENCEGATE_TOKEN``,
+``FENCEGATE_LEASE_ID`` and ``FENCEGATE_URL`` in its environment, while the
+lease is renewed every ttl/3. SIGINT, SIGTERM and SIGHUP sent to ``run`` are
+passed on to the command's group. When the command exits, the lease is
+released and ``run`` exits with the command's status (128 + N for a command
+killed by signal N). If the lease is lost while the command runs, the
+command's group gets SIGTERM, SIGKILL ``kill_after`` seconds later if it is
+still there, and ``run`` exits 75 (EX_TEMPFAIL): its work may have
+overlapped another holder's and should be retried.
 """
 
 from __future__ import annotations
