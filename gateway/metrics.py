@@ -2,10 +2,11 @@
 
 ``Metrics`` implements lockservice's ``LockEvents`` and storage_adapters'
 ``StoreHooks``, so neither package imports prometheus. Labels come from
-small fixed sets (``result``, ``reason``, ``operation``, ``store``, ``node``
-as host:port, the route template, the method, the status); a lock name, key,
-token or lease_id is never a label. Hot lock *names* are served by
-``GET /v1/stats/hot`` (``gateway/hotlocks.py``), not here.
+small fixed sets (``result``, ``reason``, ``operation``, ``kind`` of lease,
+``store``, ``node`` as host:port, the route template, the method, the
+status); a lock name, key, token, lease_id or idempotency key is never a
+label. Hot lock *names* are served by ``GET /v1/stats/hot``
+(``gateway/hotlocks.py``), not here.
 
 Every label value known in advance (each result and reason, each configured
 store and Redis node) is exported at 0 from the start (``Metrics.for_config``),
