@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from lockservice import LeaseLost, LockHeld, LockManager, QuorumUnavailable
-from lockservice.protocol import QUARANTINE_KEY
+from lockservice.protocol import QUARANTINE_KEY, RECOPY_KEY
 from tests._servers import RedisNode
 from tests.faults.conftest import Connect, reply_int, wait_until
 
@@ -76,7 +76,15 @@ async def test_tokens_increase_across_two_gateways_while_a_node_restarts_with_da
     c.restart(lose_data=True)
     await wait_until(lambda: reply_int(c.command("PTTL", QUARANTINE_KEY)) > 0, 3.0, "C resynced")
     phases["C back, resyncing"] = len(held)
-    await wait_until(lambda: reply_int(c.command("PTTL", QUARANTINE_KEY)) < 0, 2.0, "C rejoined")
+    # R21: C rejoins once its quarantine is over *and* its counters were copied again
+    await wait_until(
+        lambda: (
+            reply_int(c.command("PTTL", QUARANTINE_KEY)) < 0
+            and reply_int(c.command("EXISTS", RECOPY_KEY)) == 0
+        ),
+        3.0,
+        "C rejoined",
+    )
     phases["C quarantined"] = len(held)
     a.kill()  # from now on every grant needs the restarted node
     await asyncio.sleep(0.6)
