@@ -22,7 +22,8 @@ assumption was active while either lease was being taken or held
 that node, Kleppmann's third scenario, and the second grant may come after the
 jump's window closed; there only the fencing checks above must hold).
 ``availability``: operations by result while each fault kind was active
-(``none``: while no fault was).
+(``none``: while no fault was). ``direct_writes``: what became of the direct
+writers' UPDATEs (``direct.py``), and of the late ones among them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "Violation",
     "availability",
     "check",
+    "direct_writes",
     "duplicate_tokens",
     "lost_updates",
     "overlaps",
@@ -76,6 +78,7 @@ class Report:
     overlaps: list[Overlap] = field(default_factory=list)
     availability: dict[str, Counter[str]] = field(default_factory=dict)
     ops: Counter[str] = field(default_factory=Counter)
+    direct: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -268,6 +271,33 @@ def availability(ops: Sequence[Op], faults: Sequence[FaultWindow]) -> dict[str, 
     return dict(table)
 
 
+def direct_writes(ops: Sequence[Op]) -> Counter[str]:
+    """Direct writes by outcome (``ok``, ``fail FG409``, ``info``, ...), and the late ones
+    (sent after the lease's validity had ended: after the grant's answer plus the
+    validity it reported) as ``late ok`` / ``late refused`` (FG409) / ``late other``."""
+    grants = {
+        (op.scope, op.lease_id): op
+        for op in ops
+        if op.f == "acquire" and op.result == "ok" and op.lease_id is not None
+    }
+    counts: Counter[str] = Counter()
+    for op in ops:
+        if op.f != "write" or not op.direct:
+            continue
+        counts[" ".join(filter(None, (op.result, op.error if op.result == "fail" else None)))] += 1
+        grant = grants.get((op.scope, op.lease_id or ""))
+        if grant is None or grant.end is None or grant.valid_ms is None:
+            continue
+        if op.start > grant.end + grant.valid_ms / 1000:
+            if op.result == "ok":
+                counts["late ok"] += 1
+            elif op.error == "FG409":
+                counts["late refused"] += 1
+            else:
+                counts["late other"] += 1
+    return counts
+
+
 def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report:
     """Every check over a merged history."""
     ops = pair_ops(events)
@@ -293,4 +323,5 @@ def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report
     ]
     report.availability = availability(ops, faults)
     report.ops = Counter(f"{op.f}:{op.result}" for op in ops if op.f != "final_read")
+    report.direct = direct_writes(ops)
     return report

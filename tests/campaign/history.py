@@ -47,6 +47,7 @@ class Op:
     status: int | None = None
     error: str | None = None
     fenced: bool = False  # a read that carried the token
+    direct: bool = False  # an op of a direct writer (direct.py): its reads and writes bypass HTTP
 
     @property
     def scope(self) -> str:
@@ -101,6 +102,7 @@ def _op(invoke: Event, done: Event | None) -> Op:
         status=None if done is None else done.get("status"),
         error=None if done is None else done.get("error"),
         fenced=bool(invoke.get("fenced", False)),
+        direct=bool(invoke.get("direct", False)),
     )
 
 

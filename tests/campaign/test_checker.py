@@ -198,3 +198,35 @@ def test_a_completion_without_invocation_is_refused() -> None:
              "type": "ok", "mono": 1.0, "wall": 1.0}  # fmt: skip
     with pytest.raises(ValueError, match="completion without invocation"):
         pair_ops([event])
+
+
+def test_direct_writes_are_counted_and_the_late_ones_told_apart() -> None:
+    """A direct write after the grant's answer + its validity is late; refused is FG409."""
+    h = History()
+    lease: dict[str, Any] = {"token": 7, "lease_id": "l7", "direct": True}
+    h.op("d0", "acquire", 0.0, 0.1, key="ledger/k", valid_ms=1000, **lease)
+    h.op("d0", "write", 0.5, 0.6, key="ledger/k", value=1, **lease)  # in time
+    h.op("d0", "write", 1.2, 1.3, "fail", key="ledger/k", value=2, status=409, error="FG409",
+         **lease)  # fmt: skip
+    h.op("d0", "write", 1.4, 1.5, key="ledger/k", value=3, **lease)
+    h.op("d0", "write", 1.6, None, key="ledger/k", value=4, **lease)
+    h.op("c0", "write", 1.7, 1.8, key="ledger/k", value=5, token=9, lease_id="l9")  # proxy
+    direct = check(h.events).direct
+    assert direct == {
+        "ok": 2, "fail FG409": 1, "info": 1, "late refused": 1, "late ok": 1, "late other": 1,
+    }  # fmt: skip
+
+
+def test_a_late_direct_write_accepted_after_a_newer_fenced_read_is_a_stale_write() -> None:
+    """Direct ops go through the same checks: the trigger must refuse this write."""
+    h = History()
+    h.cycle("c0", 0.0, token=100, value=1, key="ledger/k")
+    h.op("d0", "acquire", 10.0, 10.1, key="ledger/k", token=101, lease_id="l101",
+         valid_ms=1000, direct=True)  # fmt: skip
+    h.op("c1", "read", 12.0, 12.1, key="ledger/k", token=102, lease_id="l102", value=1,
+         fenced=True, status=200)  # fmt: skip
+    h.op("d0", "write", 13.0, 13.1, key="ledger/k", token=101, lease_id="l101", value=2,
+         direct=True)  # fmt: skip
+    report = check(h.events)
+    assert [v.kind for v in report.violations] == ["stale_write"], report.violations
+    assert report.direct["late ok"] == 1
