@@ -4,10 +4,12 @@
 appears, its deadline passes or its cycle budget is spent: lock ``{store}/{key}``
 (POST /v1/locks, wait) -> fenced GET with ``X-Fencing-Token`` -> maybe pause past
 the TTL (``time.sleep``, as a GC pause would) -> PUT value + 1 with the token ->
-DELETE the lock with ``X-Lease-Id``. Every step goes to a gateway chosen at random. Every operation
-is appended to the client's history file before and after it runs (see
-``history.py``), so a client stopped with SIGSTOP or killed loses nothing it
-recorded. Only loopback URLs are accepted.
+DELETE the lock with ``X-Lease-Id``. The value is the body itself, or, on a
+legacy-table store (``row_stores``), column ``v`` of the row (``{"v": 3}``).
+Every step goes to a gateway chosen at random. Every operation is appended to
+the client's history file before and after it runs (see ``history.py``), so a
+client stopped with SIGSTOP or killed loses nothing it recorded. Only loopback
+URLs are accepted.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ClientSpec", "Outcome", "main", "request"]
+__all__ = ["ROW_COLUMN", "Client", "ClientSpec", "Outcome", "decode", "encode", "main", "request"]
 
 TOKEN = "X-Fencing-Token"
+ROW_COLUMN = "v"  # the counter column of a legacy-table store's rows
 # Answers after which the operation certainly did not take effect.
 REFUSED = {400, 403, 404, 409, 413, 428}
 
@@ -44,6 +47,8 @@ class ClientSpec:
     pause_share: float = 0.1  # cycles that sleep past the TTL between read and write
     fenced_reads: bool = True
     http_timeout: float = 5.0
+    row_stores: list[str] = field(default_factory=list)  # legacy-table stores: JSON rows
+    direct_dsn: str | None = None  # a direct writer's PostgreSQL (tests/campaign/direct.py)
 
 
 @dataclass(frozen=True)
@@ -99,16 +104,31 @@ def request(
     return Outcome("info", status, data, code)  # 5xx: it may have taken effect
 
 
+def encode(value: int, *, row: bool) -> bytes:
+    """The PUT body that stores ``value``."""
+    return json.dumps({ROW_COLUMN: value}).encode() if row else b"%d" % value
+
+
+def decode(outcome: Outcome, *, row: bool) -> int:
+    """The value a GET answered (404: no value yet, 0)."""
+    if outcome.status == 404:
+        return 0
+    return int(outcome.json()[ROW_COLUMN]) if row else int(outcome.body)
+
+
 class Client:
     def __init__(self, spec: ClientSpec) -> None:
         self.spec = spec
         self.rng = random.Random(spec.seed)
         self.op = 0
+        self.direct = False  # DirectClient: every event says so
         self.out = open(spec.history, "a", encoding="utf-8")  # noqa: SIM115  # closed in run()
 
     def _record(self, kind: str, fields: dict[str, Any]) -> None:
         event = {"process": self.spec.process, "op": self.op, "type": kind,
                  "mono": time.monotonic(), "wall": time.time(), **fields}  # fmt: skip
+        if self.direct:
+            event["direct"] = True
         self.out.write(json.dumps(event, sort_keys=True) + "\n")
         self.out.flush()
 
@@ -127,12 +147,12 @@ class Client:
         )  # fmt: skip
         done: dict[str, Any] = {"f": f, "status": outcome.status, "error": outcome.error}
         if outcome.kind == "ok":
-            done.update(self._result(f, outcome))
+            done.update(self._result(f, outcome, row=store in self.spec.row_stores))
         self._record(outcome.kind, done)
         return outcome
 
     @staticmethod
-    def _result(f: str, outcome: Outcome) -> dict[str, Any]:
+    def _result(f: str, outcome: Outcome, *, row: bool) -> dict[str, Any]:
         if f == "acquire":
             grant = outcome.json()
             # valid_ms (DESIGN.md): ttl - elapsed - drift at answer time. Gateways
@@ -141,10 +161,11 @@ class Client:
             return {"token": grant.get("token"), "lease_id": grant.get("lease_id"),
                     "valid_ms": valid}  # fmt: skip
         if f == "read":
-            return {"value": 0 if outcome.status == 404 else int(outcome.body)}
+            return {"value": decode(outcome, row=row)}
         return {}
 
     def cycle(self, store: str, key: str) -> None:
+        """Lock ``{store}/{key}``, read-modify-write it (``modify``), release the lock."""
         spec = self.spec
         name = f"{store}/{key}"
         grant = self.call(
@@ -159,28 +180,40 @@ class Client:
         token, lease_id = int(grant.json()["token"]), str(grant.json()["lease_id"])
         lease = {"token": token, "lease_id": lease_id}
         try:
-            headers = {TOKEN: str(token)} if spec.fenced_reads else {}
-            read = self.call(
-                "read", store, key, "GET", f"/v1/stores/{name}",
-                fields={**lease, "fenced": spec.fenced_reads}, headers=headers, ok=(200, 404),
-            )  # fmt: skip
-            if read.kind != "ok":
-                return
-            value = 0 if read.status == 404 else int(read.body)
-            if self.rng.random() < spec.pause_share:
-                time.sleep(self.rng.uniform(1.05, 1.5) * spec.ttl_ms / 1000)
-            else:
-                time.sleep(self.rng.uniform(0, 0.02))
-            self.call(
-                "write", store, key, "PUT", f"/v1/stores/{name}",
-                fields={**lease, "value": value + 1}, body=b"%d" % (value + 1),
-                headers={TOKEN: str(token)},
-            )  # fmt: skip
+            self.modify(store, key, lease)
         finally:
             self.call(
                 "release", store, key, "DELETE", f"/v1/locks/{name}",
                 fields=lease, headers={"X-Lease-Id": lease_id}, ok=(204,),
             )  # fmt: skip
+
+    def pause(self) -> None:
+        """Between read and write: sometimes past the TTL (as a GC pause would), else briefly."""
+        if self.rng.random() < self.spec.pause_share:
+            time.sleep(self.rng.uniform(1.05, 1.5) * self.spec.ttl_ms / 1000)
+        else:
+            time.sleep(self.rng.uniform(0, 0.02))
+
+    def modify(self, store: str, key: str, lease: dict[str, Any]) -> None:
+        """Fenced GET, pause, PUT value + 1 with the token, all through the gateways."""
+        spec = self.spec
+        name = f"{store}/{key}"
+        row = store in spec.row_stores
+        token = str(lease["token"])
+        headers = {TOKEN: token} if spec.fenced_reads else {}
+        read = self.call(
+            "read", store, key, "GET", f"/v1/stores/{name}",
+            fields={**lease, "fenced": spec.fenced_reads}, headers=headers, ok=(200, 404),
+        )  # fmt: skip
+        if read.kind != "ok":
+            return
+        value = decode(read, row=row)
+        self.pause()
+        self.call(
+            "write", store, key, "PUT", f"/v1/stores/{name}",
+            fields={**lease, "value": value + 1}, body=encode(value + 1, row=row),
+            headers={TOKEN: token},
+        )  # fmt: skip
 
     def run(self) -> None:
         deadline = time.monotonic() + self.spec.seconds

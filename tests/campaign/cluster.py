@@ -7,8 +7,11 @@
 * two gateway processes (``python -m gateway serve --config``), each with its own
   config naming its proxies, and, when libfaketime is installed, its own
   ``FAKETIME_TIMESTAMP_FILE`` so the nemesis can skew its wall clock at run time;
-* stores: ``kv`` (postgres), ``files`` (a folder both gateways share) and ``blind``
-  (files, ``fencing = "none"``: the sabotage store, which checks no token).
+* stores: ``kv`` (postgres), ``ledger`` (postgres legacy table ``ledger(id, v)``,
+  its rows inserted before the run, with the fencing trigger installed by
+  ``fencegate pg install-fencing`` as a user would: direct writers write it
+  too, see ``direct.py``), ``files`` (a folder both gateways share) and
+  ``blind`` (files, ``fencing = "none"``: the sabotage store, which checks no token).
 """
 
 from __future__ import annotations
@@ -25,24 +28,32 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
+import psycopg
 
 from tests._pg_server import PgServer, pg_bin_dir
 from tests._servers import RedisNode, free_port
+from tests.campaign.direct import KEY_COLUMN, TABLE
 from tests.campaign.proxy import FaultProxy
 from tests.faults.test_gateway_two_processes import toml_document
 
-__all__ = ["FAKETIME_LIB", "Cluster", "Gateway", "SnapshotNode", "faketime_works"]
+__all__ = ["FAKETIME_LIB", "LEDGER", "Cluster", "Gateway", "SnapshotNode", "faketime_works"]
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 FAKETIME_LIB: Final = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 NODES: Final = 3
 GATEWAYS: Final = 2
 MAX_TTL_MS: Final = 4000  # also how long a restarted node stays in quarantine
+LEDGER: Final = "ledger"  # the legacy-table store with the fencing trigger
 
 
 def faketime_works() -> bool:
     """Whether libfaketime is installed (Debian package ``faketime``)."""
     return FAKETIME_LIB.exists()
+
+
+def _own_env() -> dict[str, str]:
+    """This process's environment without FENCEGATE_* (the run's configs say everything)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
 
 
 class SnapshotNode(RedisNode):
@@ -97,7 +108,7 @@ class Gateway:
         tmp.replace(self.clock)
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
+        env = _own_env()
         env["PYTHONPATH"] = str(ROOT)
         if self.skewable:
             env.update(
@@ -147,8 +158,11 @@ class Gateway:
 class Cluster:
     """Everything the campaign runs against; ``async with Cluster(workdir):``."""
 
-    def __init__(self, workdir: Path, *, skew: bool | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, skew: bool | None = None, rows: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
+        self.rows = rows  # keys of the ledger table, inserted with v = 0 before the trigger
         self.skewable = faketime_works() if skew is None else skew
         self.nodes = [SnapshotNode(workdir / f"redis{i}") for i in range(NODES)]
         bin_dir = pg_bin_dir()
@@ -174,8 +188,10 @@ class Cluster:
                 gateway = Gateway(
                     self.workdir / f"gw{g}", self._config(links), skewable=self.skewable
                 )
-                gateway.start()
                 self.gateways.append(gateway)
+            await asyncio.to_thread(self.fencing, "install-fencing")
+            for gateway in self.gateways:
+                gateway.start()
             await self.wait_ready(within=60.0)
         except BaseException:
             await self.close()
@@ -190,6 +206,23 @@ class Cluster:
             node.start()
         self.pg.init()
         self.pg.start()
+        with psycopg.connect(self.pg.dsn, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f"CREATE TABLE {TABLE} ({KEY_COLUMN} text PRIMARY KEY, v bigint NOT NULL)")
+            for key in self.rows:
+                conn.execute(f"INSERT INTO {TABLE} VALUES (%s, 0)", (key,))
+
+    def fencing(self, verb: str, *options: str) -> str:
+        """``fencegate pg VERB --store ledger`` with the first gateway's config, as a user
+        would run it; its output line."""
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "pg", verb, "--config", str(self.gateways[0].config),
+             "--store", LEDGER, *options],
+            cwd=ROOT, env={**_own_env(), "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"fencegate pg {verb} failed: {done.stdout}{done.stderr}")
+        return done.stdout.strip()
 
     def _config(self, links: list[FaultProxy]) -> dict[str, Any]:
         files = self.workdir / "files-root"
@@ -208,6 +241,7 @@ class Cluster:
             },
             "stores": {
                 "kv": pg,
+                LEDGER: {**pg, "table": TABLE, "key_column": KEY_COLUMN, "columns": ["v"]},
                 "files": {"type": "files", "root": str(files)},
                 "blind": {"type": "files", "root": str(blind), "fencing": "none"},
             },

@@ -10,6 +10,16 @@ takes longer); the nemesis injects faults until the quiet period (the last
 ``quiet`` seconds), then heals everything. After every client
 has exited, each key is read once through a gateway (plain GET) and recorded
 as a ``final_read`` in the history; the checker gets the merged history.
+
+Clients: ``clients`` HTTP clients over every store, and ``direct_clients``
+direct writers (``direct.py``) that take the lock through the gateways and
+write the ``ledger`` table in PostgreSQL themselves, on the same rows as the
+HTTP clients' writes through the ``ledger`` store. ``unfenced_direct`` is the
+trigger's sabotage: ``fencegate pg uninstall-fencing`` runs a third of the way
+into the run, after which nothing checks the direct writers' tokens. Direct
+writers pause past their TTL in ``direct_pause_share`` of their cycles (more
+than the HTTP clients: a late UPDATE is refused only when another writer of the
+row came in during the pause, and the check needs such refusals to mean anything).
 """
 
 from __future__ import annotations
@@ -27,14 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.campaign.checker import Report, check
-from tests.campaign.client import ClientSpec, request
-from tests.campaign.cluster import ROOT, Cluster, faketime_works
+from tests.campaign.client import ClientSpec, decode, request
+from tests.campaign.cluster import LEDGER, ROOT, Cluster, faketime_works
 from tests.campaign.history import FaultWindow, Op, load_events, pair_ops, write_jsonl
 from tests.campaign.nemesis import KINDS, Nemesis, plan
 
 __all__ = ["CampaignResult", "run_campaign"]
 
-STORES = ("kv", "files")
+STORES = ("kv", LEDGER, "files")
 KEYS = ("k0", "k1")
 
 
@@ -43,12 +53,14 @@ class CampaignResult:
     seed: int
     seconds: float
     sabotage: bool
+    unfenced_direct: bool
     planned: Counter[str]
     injected: Counter[str]
     report: Report
     statuses: Counter[str]
     history: Path
     faults: list[FaultWindow] = field(default_factory=list)
+    pg_deadlocks: int = 0  # "deadlock detected" (40P01) in PostgreSQL's log, either side
 
     def ops(self) -> list[Op]:
         """The paired operations of the history (read again from its files)."""
@@ -65,10 +77,13 @@ async def run_campaign(
     seed: int,
     seconds: float,
     sabotage: bool = False,
+    unfenced_direct: bool = False,
     kinds: Sequence[str] | None = None,
     clients: int = 6,
+    direct_clients: int = 2,
     ttl_ms: int = 1500,
     pause_share: float = 0.1,
+    direct_pause_share: float = 0.3,
     quiet: float = 4.0,
     progress: Callable[[str], None] | None = None,
     progress_every: float = 5.0,
@@ -83,24 +98,33 @@ async def run_campaign(
     schedule = plan(rng, kinds, max(seconds - quiet - 1.0, 1.0), ttl_ms / 1000)
     say = progress or (lambda _line: None)
     stop = workdir / "stop-clients"
-    async with Cluster(workdir / "cluster") as cluster:
+    ledger = [[LEDGER, k] for k in KEYS]
+    async with Cluster(workdir / "cluster", rows=KEYS) as cluster:
         procs: list[subprocess.Popen[bytes]] = []
         nemesis = Nemesis(cluster, procs, rng)
         try:
-            for i in range(clients):
+            kinds_of = [("client", "c", i, targets) for i in range(clients)]
+            kinds_of += [("direct", "d", i, ledger) for i in range(direct_clients)]
+            for module, prefix, i, where in kinds_of:
                 spec = ClientSpec(
-                    process=f"c{i}", gateways=cluster.urls, targets=targets,
-                    history=str(history / f"c{i}.jsonl"), seed=rng.randrange(1 << 30),
+                    process=f"{prefix}{i}", gateways=cluster.urls, targets=where,
+                    history=str(history / f"{prefix}{i}.jsonl"), seed=rng.randrange(1 << 30),
                     seconds=seconds + 300, stop_file=str(stop), ttl_ms=ttl_ms, wait_ms=2000,
-                    pause_share=pause_share * (4 if sabotage else 1),
+                    pause_share=(direct_pause_share if module == "direct" else pause_share)
+                    * (4 if sabotage else 1),
+                    row_stores=[LEDGER],
+                    direct_dsn=cluster.pg.dsn if module == "direct" else None,
                 )  # fmt: skip
-                procs.append(_spawn(spec, workdir / f"c{i}.log"))
+                procs.append(_spawn(module, spec, workdir / f"{prefix}{i}.log"))
             started = time.monotonic()
             await asyncio.sleep(1.0)
             fault_end = started + seconds - quiet
             watch = asyncio.create_task(_watch(history, nemesis, started, say, progress_every))
             try:
-                await nemesis.run(schedule, fault_end)
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(nemesis.run(schedule, fault_end))
+                    if unfenced_direct:
+                        tg.create_task(_remove_trigger(cluster, started + seconds / 3, say))
                 await asyncio.sleep(max(quiet, started + seconds - time.monotonic()))
             finally:
                 stop.touch()
@@ -109,6 +133,7 @@ async def run_campaign(
             await _wait_exit(procs, time.monotonic() + 60)
             await cluster.wait_ready(within=60.0)
             await asyncio.to_thread(_final_reads, cluster.urls[0], targets, history)
+            deadlocks = cluster.pg.log_text().count("deadlock detected")
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -118,23 +143,31 @@ async def run_campaign(
     write_jsonl(faults_path, (asdict(w) for w in nemesis.windows))
     events = load_events(sorted(history.glob("*.jsonl")))
     report = check(events, nemesis.windows)
-    statuses = Counter(
-        f"{e['f']} {e.get('status')} {e.get('error') or ''}".strip()
-        for e in events
-        if e["type"] != "invoke"
-    )
+    statuses = Counter(_status(e) for e in events if e["type"] != "invoke")
     return CampaignResult(
-        seed, seconds, sabotage, Counter(p.kind for p in schedule), nemesis.injected,
-        report, statuses, history, nemesis.windows,
+        seed, seconds, sabotage, unfenced_direct, Counter(p.kind for p in schedule),
+        nemesis.injected, report, statuses, history, nemesis.windows, deadlocks,
     )  # fmt: skip
 
 
-def _spawn(spec: ClientSpec, log: Path) -> subprocess.Popen[bytes]:
+def _status(event: dict[str, Any]) -> str:
+    """``write 409 stale_token``, ``direct write 409 FG409``, ``read None ReadTimeout``."""
+    parts = ("direct" if event.get("direct") else "", event["f"], str(event.get("status")))
+    return " ".join(filter(None, (*parts, event.get("error"))))
+
+
+def _spawn(module: str, spec: ClientSpec, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.campaign.client", json.dumps(asdict(spec))],
+            [sys.executable, "-m", f"tests.campaign.{module}", json.dumps(asdict(spec))],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+
+async def _remove_trigger(cluster: Cluster, at: float, say: Callable[[str], None]) -> None:
+    """The sabotage of ``unfenced_direct``: uninstall the trigger at ``at`` (monotonic)."""
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    say(await asyncio.to_thread(cluster.fencing, "uninstall-fencing"))
 
 
 async def _wait_exit(procs: list[subprocess.Popen[bytes]], deadline: float) -> None:
@@ -190,6 +223,6 @@ def _final_reads(base: str, targets: list[list[str]], history: Path) -> None:
         done = {**invoke, "type": outcome.kind, "mono": time.monotonic(), "wall": time.time(),
                 "status": outcome.status, "error": outcome.error}  # fmt: skip
         if outcome.kind == "ok":
-            done["value"] = 0 if outcome.status == 404 else int(outcome.body)
+            done["value"] = decode(outcome, row=store == LEDGER)
         events += [invoke, done]
     write_jsonl(history / "final.jsonl", events)
