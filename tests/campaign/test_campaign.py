@@ -20,6 +20,7 @@ def summary(result: CampaignResult) -> str:
     lines = [
         f"seed {result.seed}: injected {dict(result.injected)}",
         f"ops {dict(r.ops)}",
+        f"direct writes {dict(r.direct)}; PostgreSQL deadlocks {result.pg_deadlocks}",
         f"statuses {result.statuses.most_common()}",
         *(f"{v.kind} {v.scope}: {v.detail} {v.ops}" for v in r.violations[:10]),
         *(f"overlap {o.scope} {o.seconds:.3f} s during {o.faults}" for o in r.overlaps[:10]),
@@ -42,6 +43,11 @@ async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path
     assert not [s for s in result.statuses if " 500" in s], info  # never an internal error
     # Fencing did refuse late writers (the self-paused and the SIGSTOPped clients).
     assert result.statuses["write 409 stale_token"] >= 1, info
+    # Direct writers wrote the ledger table next to the proxy's writers, and the trigger
+    # refused a late UPDATE of one paused past its lease; nobody deadlocked (40P01).
+    assert result.report.direct["ok"] >= 10, info
+    assert result.report.direct["late refused"] >= 1, info
+    assert result.pg_deadlocks == 0, info
     # Every grant has its validity recorded, or no overlap could ever be seen.
     grants = [op for op in result.ops() if op.f == "acquire" and op.result == "ok"]
     assert grants, info
@@ -60,3 +66,24 @@ async def test_sabotaged_store_without_fencing_shows_lost_updates(tmp_path: Path
     lost = [v for v in result.report.violations if v.kind == "lost_update"]
     assert lost, f"the checker missed the lost updates of the unfenced store:\n{info}"
     assert {v.scope.split("/")[0] for v in result.report.violations} == {"blind"}, info
+    assert result.report.direct["late refused"] >= 1, info  # the trigger held, under more pauses
+    assert result.pg_deadlocks == 0, info
+
+
+async def test_trigger_removed_mid_run_shows_lost_updates_of_direct_writers(
+    tmp_path: Path,
+) -> None:
+    """``fencegate pg uninstall-fencing`` a third of the way in: the direct writers still set
+    their token, but nothing checks it, so their late UPDATEs are accepted and the checker
+    must report lost updates and stale writes on ``ledger``, and only there."""
+    result = await run_campaign(
+        tmp_path, seed=7, seconds=18, ttl_ms=600, kinds=["pause_client"], unfenced_direct=True,
+        pause_share=0.15,
+    )  # fmt: skip
+    info = summary(result)
+    print(info)
+    found = result.report.by_kind()
+    assert found["lost_update"] >= 1, f"the checker missed the unfenced direct writes:\n{info}"
+    assert found["stale_write"] >= 1, info
+    assert {v.scope.split("/")[0] for v in result.report.violations} == {"ledger"}, info
+    assert result.report.direct["late ok"] >= 1, info
