@@ -3,20 +3,24 @@
 Three redis-server nodes, two gateway processes (each behind a fault proxy per
 Redis link), a private PostgreSQL and a shared files folder, all on loopback and
 all of the run's own; client processes do fenced read-modify-write increments
-(lock, fenced GET, PUT value + 1, release; some pause past their TTL) while the
-nemesis pauses, kills, rolls back, partitions, delays and skews (see
+(lock, fenced GET, PUT value + 1, release; some pause past their TTL) and
+direct writers take the lock through the gateways and update the ``ledger``
+table in PostgreSQL themselves, fenced by the trigger (``tests/campaign/direct.py``),
+while the nemesis pauses, kills, rolls back, partitions, delays and skews (see
 ``tests/campaign/nemesis.py``). At the end every key is read once and the
 checker (``tests/campaign/checker.py``) looks at the merged history.
 
     .venv/bin/python -m benchmarks.campaign --seconds 600 --seed 1
     .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --sabotage
+    .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --unfenced-direct
 
 A progress line every few seconds; the result is a row of the table in
 ``benchmarks/results/campaign.md`` (built from ``campaign.json``; a rerun of a
 seed with the same length and mode replaces its row). On a violation the
 history is kept: its folder is printed and the first violations are written
 into the report. The exit status is 1 when a violation was found (except with
-``--sabotage``, which must find one: there it is 1 when none was found).
+``--sabotage`` or ``--unfenced-direct`` (the trigger is uninstalled a third of
+the way in), which must find one: there it is 1 when none was found).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import shutil
 import signal
@@ -41,6 +46,11 @@ RESULTS: Final = Path(__file__).resolve().parent / "results"
 KEPT: Final = 5  # violations written into the report per run
 
 
+def mode_of(r: dict[str, Any]) -> str:
+    """normal | sabotage | unfenced-direct (rows before direct writers have no ``mode``)."""
+    return str(r.get("mode") or ("sabotage" if r["sabotage"] else "normal"))
+
+
 def row(result: CampaignResult, wall: float) -> dict[str, Any]:
     r: Report = result.report
     ops: dict[str, dict[str, int]] = {}
@@ -51,11 +61,17 @@ def row(result: CampaignResult, wall: float) -> dict[str, Any]:
         "seed": result.seed,
         "seconds": result.seconds,
         "sabotage": result.sabotage,
+        "mode": "unfenced-direct"
+        if result.unfenced_direct
+        else ("sabotage" if result.sabotage else "normal"),
+        "load": _load(),
         "wall_seconds": round(wall, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": _commit(),
         "faults": dict(sorted(result.injected.items())),
         "ops": ops,
+        "direct_writes": dict(sorted(r.direct.items())),
+        "pg_deadlocks": result.pg_deadlocks,
         "violations": dict(r.by_kind()),
         "violation_excerpt": [
             {"kind": v.kind, "scope": v.scope, "detail": v.detail, "ops": [_op(op) for op in v.ops]}
@@ -91,6 +107,14 @@ def _commit() -> str:
     return "?"
 
 
+def _load() -> str:
+    """The machine's 1/5/15-minute load averages at the end of the run (it is shared)."""
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
 def _op(op: Any) -> dict[str, Any]:
     fields = ("process", "op", "f", "result", "start", "end", "token", "lease_id", "value",
               "gateway", "status", "error")  # fmt: skip
@@ -101,17 +125,21 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "# Fault campaign",
         "",
-        "`python -m benchmarks.campaign --seconds N --seed S [--sabotage]`: three Redis nodes,",
-        "two gateway processes behind a fault proxy per Redis link, a private PostgreSQL, a",
-        "shared files folder; six client processes doing fenced read-modify-write increments on",
-        "two keys of the `kv` (postgres) and `files` stores (`--sabotage` adds `blind`, a files",
-        'store with `fencing = "none"`, and pauses four times as often); a seeded nemesis',
+        "`python -m benchmarks.campaign --seconds N --seed S [--sabotage | --unfenced-direct]`:",
+        "three Redis nodes, two gateway processes behind a fault proxy per Redis link, a private",
+        "PostgreSQL, a shared files folder; six client processes doing fenced read-modify-write",
+        "increments on two keys of the `kv` (postgres), `ledger` (postgres legacy table, with the",
+        "fencing trigger) and `files` stores, and two direct writers (tests/campaign/direct.py)",
+        "that take the lock through the gateways and increment the same `ledger` rows in",
+        "PostgreSQL themselves, inside `fenced_transaction` (`--sabotage` adds `blind`, a files",
+        'store with `fencing = "none"`, and pauses four times as often; `--unfenced-direct`',
+        "uninstalls the trigger a third of the way in); a seeded nemesis",
         "(tests/campaign/nemesis.py); the checker (tests/campaign/checker.py) over the merged",
         "history. Ops: ok / fail / info (info: no answer or 5xx, the outcome is unknown).",
         "",
         "| seed | mode | commit | length s (wall) | faults injected | acquire | read | write |"
-        " release | violations | lease overlaps |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        " release | direct writes | violations | lease overlaps | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         faults = ", ".join(f"{k} {v}" for k, v in r["faults"].items()) or "-"
@@ -120,12 +148,11 @@ def render(rows: list[dict[str, Any]]) -> str:
             for f in ("acquire", "read", "write", "release")
         ]
         violations = ", ".join(f"{k} {v}" for k, v in sorted(r["violations"].items())) or "none"
-        mode = "sabotage" if r["sabotage"] else "normal"
         lines.append(
-            f"| {r['seed']} | {mode} | {r.get('commit', '?')} | {r['seconds']:g} "
+            f"| {r['seed']} | {mode_of(r)} | {r.get('commit', '?')} | {r['seconds']:g} "
             f"({r['wall_seconds']:g}) | {faults} | "
             + " | ".join(cells)
-            + f" | {violations} | {len(r['overlaps'])} |"
+            + f" | {_direct_cell(r)} | {violations} | {len(r['overlaps'])} | {r.get('load', '?')} |"
         )
     lines += [
         "",
@@ -134,17 +161,22 @@ def render(rows: list[dict[str, Any]]) -> str:
         "without a Redis clock fault (`clock_jump_node`, `kleppmann`) in the two leases'",
         "lifetime is also counted as a `mutual_exclusion` violation.",
         "",
+        "Direct writes: UPDATEs of the direct writers committed / refused by the trigger",
+        "(FG409) / other failures / unknown (the connection broke at COMMIT), then the late",
+        "ones (sent after the lease's validity ended): refused / accepted (accepted is right",
+        "when nobody wrote the row meanwhile); and PostgreSQL deadlocks (40P01) seen in its",
+        "log. Load: the machine's 1/5/15-minute load averages at the end of the run (shared).",
+        "",
         "## Availability per fault kind (ops ok / fail / info while it was active)",
         "",
     ]
     for r in rows:
-        mode = "sabotage" if r["sabotage"] else "normal"
         parts = [
             f"{k} {v.get('ok', 0)}/{v.get('fail', 0)}/{v.get('info', 0)}"
             for k, v in r["availability"].items()
         ]
-        lines.append(f"- seed {r['seed']} ({mode}, {r['seconds']:g} s): " + "; ".join(parts))
-    found = [r for r in rows if r["violation_excerpt"] and not r["sabotage"]]
+        lines.append(f"- seed {r['seed']} ({mode_of(r)}, {r['seconds']:g} s): " + "; ".join(parts))
+    found = [r for r in rows if r["violation_excerpt"] and mode_of(r) == "normal"]
     if found:
         lines += ["", "## Violations found", ""]
         for r in found:
@@ -155,12 +187,23 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _direct_cell(r: dict[str, Any]) -> str:
+    d = r.get("direct_writes")
+    if d is None:
+        return "-"  # a run from before the direct writers
+    other = sum(v for k, v in d.items() if k.startswith("fail") and k != "fail FG409")
+    return (
+        f"{d.get('ok', 0)}/{d.get('fail FG409', 0)}/{other}/{d.get('info', 0)}, late "
+        f"{d.get('late refused', 0)}/{d.get('late ok', 0)}, deadlocks {r.get('pg_deadlocks', 0)}"
+    )
+
+
 def save(entry: dict[str, Any]) -> None:
     store = RESULTS / "campaign.json"
     rows: list[dict[str, Any]] = json.loads(store.read_text()) if store.exists() else []
-    same = (entry["seed"], entry["seconds"], entry["sabotage"])
-    rows = [r for r in rows if (r["seed"], r["seconds"], r["sabotage"]) != same] + [entry]
-    rows.sort(key=lambda r: (r["sabotage"], r["date"], r["seed"]))
+    same = (entry["seed"], entry["seconds"], mode_of(entry))
+    rows = [r for r in rows if (r["seed"], r["seconds"], mode_of(r)) != same] + [entry]
+    rows.sort(key=lambda r: (mode_of(r) != "normal", mode_of(r), r["date"], r["seed"]))
     store.write_text(json.dumps(rows, indent=1) + "\n")
     (RESULTS / "campaign.md").write_text(render(rows))
 
@@ -179,6 +222,7 @@ async def main(args: argparse.Namespace) -> int:
     try:
         result = await run_campaign(
             workdir, seed=args.seed, seconds=args.seconds, sabotage=args.sabotage,
+            unfenced_direct=args.unfenced_direct,
             clients=args.clients, progress=lambda line: print(line, flush=True),
         )  # fmt: skip
     except asyncio.CancelledError:
@@ -190,6 +234,7 @@ async def main(args: argparse.Namespace) -> int:
     report = result.report
     print(f"faults: {dict(result.injected)}")
     print(f"ops: {dict(report.ops)}")
+    print(f"direct writes: {dict(report.direct)}; PostgreSQL deadlocks: {result.pg_deadlocks}")
     print(f"violations: {dict(report.by_kind()) or 'none'}; lease overlaps: {len(report.overlaps)}")
     for v in report.violations[:KEPT]:
         print(f"  {v.kind} {v.scope}: {v.detail}")
@@ -198,14 +243,20 @@ async def main(args: argparse.Namespace) -> int:
     elif not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     found = bool(report.violations)
-    return int(found != args.sabotage)
+    return int(found != (args.sabotage or args.unfenced_direct))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=600.0, help="length of the run")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--sabotage", action="store_true", help="add the unfenced store")
+    sabotage = parser.add_mutually_exclusive_group()
+    sabotage.add_argument("--sabotage", action="store_true", help="add the unfenced store")
+    sabotage.add_argument(
+        "--unfenced-direct",
+        action="store_true",
+        help="uninstall the trigger a third of the way in (direct writes go unchecked)",
+    )
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
     args = parser.parse_args(argv)
