@@ -88,6 +88,7 @@ def row(result: CampaignResult, wall: float) -> dict[str, Any]:
             for o in r.overlaps
         ],
         "availability": {k: dict(v) for k, v in sorted(r.availability.items())},
+        "direct_availability": {k: dict(v) for k, v in sorted(r.direct_availability.items())},
     }
 
 
@@ -176,6 +177,12 @@ def render(rows: list[dict[str, Any]]) -> str:
             for k, v in r["availability"].items()
         ]
         lines.append(f"- seed {r['seed']} ({mode_of(r)}, {r['seconds']:g} s): " + "; ".join(parts))
+        if r.get("direct_availability"):
+            parts = [
+                f"{k} {v.get('ok', 0)}/{v.get('fail', 0)}/{v.get('info', 0)}"
+                for k, v in r["direct_availability"].items()
+            ]
+            lines.append("  - of which the direct writers' ops: " + "; ".join(parts))
     found = [r for r in rows if r["violation_excerpt"] and mode_of(r) == "normal"]
     if found:
         lines += ["", "## Violations found", ""]

@@ -22,8 +22,9 @@ assumption was active while either lease was being taken or held
 that node, Kleppmann's third scenario, and the second grant may come after the
 jump's window closed; there only the fencing checks above must hold).
 ``availability``: operations by result while each fault kind was active
-(``none``: while no fault was). ``direct_writes``: what became of the direct
-writers' UPDATEs (``direct.py``), and of the late ones among them.
+(``none``: while no fault was), and the same for the direct writers' ops alone.
+``direct_writes``: what became of the direct writers' UPDATEs (``direct.py``),
+and of the late ones among them.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Report:
     availability: dict[str, Counter[str]] = field(default_factory=dict)
     ops: Counter[str] = field(default_factory=Counter)
     direct: Counter[str] = field(default_factory=Counter)
+    direct_availability: dict[str, Counter[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -324,4 +326,5 @@ def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report
     report.availability = availability(ops, faults)
     report.ops = Counter(f"{op.f}:{op.result}" for op in ops if op.f != "final_read")
     report.direct = direct_writes(ops)
+    report.direct_availability = availability([op for op in ops if op.direct], faults)
     return report

@@ -110,8 +110,9 @@ async def run_campaign(
                     process=f"{prefix}{i}", gateways=cluster.urls, targets=where,
                     history=str(history / f"{prefix}{i}.jsonl"), seed=rng.randrange(1 << 30),
                     seconds=seconds + 300, stop_file=str(stop), ttl_ms=ttl_ms, wait_ms=2000,
-                    pause_share=(direct_pause_share if module == "direct" else pause_share)
-                    * (4 if sabotage else 1),
+                    pause_share=direct_pause_share
+                    if module == "direct"
+                    else pause_share * (4 if sabotage else 1),
                     row_stores=[LEDGER],
                     direct_dsn=cluster.pg.dsn if module == "direct" else None,
                 )  # fmt: skip

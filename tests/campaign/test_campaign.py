@@ -48,6 +48,7 @@ async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path
     assert result.report.direct["ok"] >= 10, info
     assert result.report.direct["late refused"] >= 1, info
     assert result.pg_deadlocks == 0, info
+    assert sum(result.report.direct_availability["restart_pg"].values()) >= 1, info  # hit them
     # Every grant has its validity recorded, or no overlap could ever be seen.
     grants = [op for op in result.ops() if op.f == "acquire" and op.result == "ok"]
     assert grants, info
