@@ -110,8 +110,10 @@ class DirectClient(Client):
         self._record(kind, {"f": f, "status": None, "error": None, **fields})
 
     def modify(self, store: str, key: str, lease: dict[str, Any]) -> None:
-        """One read-modify-write in a random style; every outcome recorded."""
-        style = self.rng.choice(STYLES)
+        self.read_modify_write(store, key, lease, style=self.rng.choice(STYLES))
+
+    def read_modify_write(self, store: str, key: str, lease: dict[str, Any], *, style: str) -> None:
+        """One read-modify-write in ``style``; every outcome recorded."""
         scope = f"{store}/{key}"
         token = int(lease["token"])
         self.stage = "read"  # connecting counts as part of the read
@@ -178,11 +180,16 @@ class DirectClient(Client):
         elif self.stage == "commit":
             self._end("info", "write", error=error)
 
+    def close(self) -> None:
+        """Close the PostgreSQL connection and the history file."""
+        self._drop()
+        self.out.close()
+
     def run(self) -> None:
         try:
             super().run()
         finally:
-            self._drop()
+            self.close()
 
 
 def main(argv: list[str]) -> int:
