@@ -45,7 +45,7 @@ async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path
     assert result.statuses["write 409 stale_token"] >= 1, info
     # Direct writers wrote the ledger table next to the proxy's writers, and the trigger
     # refused a late UPDATE of one paused past its lease; nobody deadlocked (40P01).
-    assert result.report.direct["ok"] >= 10, info
+    assert result.report.direct["ok"] >= 5, info  # about 15 at load 11 on two cores
     assert result.report.direct["late refused"] >= 1, info
     assert result.pg_deadlocks == 0, info
     assert sum(result.report.direct_availability["restart_pg"].values()) >= 1, info  # hit them
