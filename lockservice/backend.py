@@ -19,6 +19,7 @@ class Readiness:
     ready: bool
     reason: str = ""
     retry_after: float | None = None  # seconds until quarantines end, when that is the cause
+    groups: tuple[tuple[str, str], ...] = ()  # per Redlock group: (id, "ok" or why not)
 
 
 @dataclass(frozen=True, slots=True)

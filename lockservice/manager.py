@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from lockservice.backend import Attempt, Backend, Readiness
 from lockservice.errors import LeaseLost, LockHeld, PermitsMismatch, QuorumUnavailable
 from lockservice.events import ContentionObserver, LockEvents, NoEvents
+from lockservice.groups import Groups
 from lockservice.lease import (
     EXCLUSIVE,
     SEMAPHORE,
@@ -36,6 +37,7 @@ from lockservice.lease import (
     validate_ttl,
 )
 from lockservice.memory import MemoryBackend
+from lockservice.placement import GroupSpec
 from lockservice.redlock import Redlock
 from lockservice.renew import Renewal, hold
 from lockservice.turns import Turns, Wait
@@ -48,6 +50,10 @@ _BACKOFF_FIRST = 0.05
 _BACKOFF_QUEUED = 0.25  # a queued waiter is woken by the release: polling is the fallback
 _BACKOFF_MAX = 1.0
 _RELEASED_MEMORY = 10_000  # lease ids released here, to refuse a second release of one
+
+
+def _spec(group: GroupSpec | Sequence[str]) -> GroupSpec:
+    return group if isinstance(group, GroupSpec) else GroupSpec.of(group)
 
 
 def _wake_up(fut: asyncio.Future[None]) -> None:
@@ -98,8 +104,10 @@ class LockManager:
     @classmethod
     async def connect(
         cls,
-        urls: Sequence[str],
+        urls: Sequence[str] = (),
         *,
+        groups: Sequence[GroupSpec | Sequence[str]] = (),
+        previous_groups: Sequence[GroupSpec | Sequence[str]] = (),
         node_timeout: float = 0.2,
         min_ttl: float = 0.01,
         max_ttl: float = 300.0,
@@ -111,6 +119,11 @@ class LockManager:
 
         Args:
             urls: ``redis://[user:password@]host:port/db``, ``rediss://`` or ``unix://``.
+            groups: instead of ``urls``, several Redlock groups (each a list of URLs,
+                or a ``GroupSpec`` with an id); names are spread over them by
+                rendezvous hashing (``lockservice.groups``).
+            previous_groups: during a change of groups, the groups before it (with
+                ``urls`` or ``groups`` as the groups after it).
             node_timeout: seconds each node has to answer one command.
             min_ttl, max_ttl: bounds of a lease's TTL in seconds; ``max_ttl`` is
                 also how long a restarted node stays quarantined.
@@ -121,7 +134,16 @@ class LockManager:
         """
         events = events or NoEvents()
         backend: Backend
-        if urls:
+        if groups or previous_groups:
+            current = [_spec(g) for g in groups] or [GroupSpec.of(urls)]
+            backend = Groups(
+                current,
+                previous=[_spec(g) for g in previous_groups],
+                node_timeout=node_timeout,
+                max_ttl=max_ttl,
+                events=events,
+            )
+        elif urls:
             backend = Redlock(urls, node_timeout=node_timeout, max_ttl=max_ttl, events=events)
         else:
             backend = MemoryBackend()
@@ -130,7 +152,7 @@ class LockManager:
                 "run exactly one gateway process, or configure [locks] redis"
             )
         await backend.start()
-        if urls:  # the in-process backend was announced above, once
+        if urls or groups or previous_groups:  # the in-process backend was announced above, once
             log.info("lock backend: %s", backend.describe())
         return cls(
             backend,

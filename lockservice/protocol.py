@@ -163,6 +163,45 @@ R26 An acquire with an idempotency key stores a digest of the key and of the
     without queueing behind other waiters; a try that finds the tag's holder
     answers it instead of granting or queueing (acquire.lua, ``acquire.
     found_lease``, ``manager``, ``memory._tagged``).           [one lease per key]
+Redlock groups (``[locks] groups``; not the holder groups of R22): names spread
+over independent Redlock groups, and changes of the groups while gateways run.
+A *moved* name is one whose group under ``previous_groups`` differs from its
+group under ``groups``.
+
+R27 A name is served by one group: the highest rendezvous weight of the name
+    over the group ids (``placement.owner``). An id is explicit or derived
+    from the group's sorted node labels, so adding, removing or reordering
+    other groups never moves a name between two groups that both stay; a node
+    is in one group only. Each group is one Redlock: R1-R21 hold within it
+    (``groups.Groups``).                                                [I1, I2]
+R28 During a change, a moved name is locked in its old group first, then in
+    its new one, with one lease id; there is a lease only when both granted.
+    Gateways of the old configuration take the old group alone, those of the
+    change both, those of the new configuration the new group alone: each two
+    kinds that may run at once share a group that both lock (old and change:
+    the old group; change and new: the new group); old and new never run at
+    once (R30). The old group's grant is kept while the new group refuses, and
+    a retry issues it anew, so the lease id is never reused after an undo (R7)
+    (``Groups.try_acquire``).                                               [I1]
+R29 Such a lease's token is the larger of its two grants' tokens, and the
+    other group's counter is raised to it on a quorum of that group that is
+    free or held by the lease (``raise_fence.lua``, as R4) before the lease
+    exists: every later grant in either group is above it
+    (``Groups.try_acquire``).                                               [I2]
+R30 Carry-over, after the last gateway of the old configuration stopped and
+    before the first drops ``previous_groups``: every moved name's counter is
+    raised on *every* node of its new group to the largest value on *every*
+    node of its old group (``resync.lua``), and the token base of every synced
+    node of the new groups to the largest base of the old groups (a counter
+    lost with a majority's data is below it, R18); then leases that hold a
+    moved name in the old group and not in the new one are waited out (at
+    most ``max_ttl``). After it, each new counter is above every token the old
+    group issued for the name, and no lease of the old configuration is valid
+    (``carry.carry_over``).                                             [I2, I1]
+R31 A lease of a moved name is extended only while both groups hold it: a
+    ``LeaseLost`` from either is a ``LeaseLost``, so it never lives on in one
+    group after it ended in the other. A release goes to both
+    (``Groups.extend``, ``Groups.release``).                            [I1, I4]
 
 Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
@@ -170,7 +209,8 @@ out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 README has the table rule -> model step -> counterexample. Rules whose switch
 gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22 (R10,
 R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14, R23 are modelled, but no
-counterexample was found within the bounds searched.
+counterexample was found within the bounds searched. R27-R31 (Redlock groups)
+are not in the model: their counterexamples are tests on real nodes.
 
 R1  lockservice/test_scripts: acquire_grants_and_issues_token_above_base
 R2  test_scripts: acquire_counts_up_and_never_below_an_existing_counter,
@@ -235,6 +275,17 @@ R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     a_repeat_is_answered_even_behind_queued_waiters, idempotent_shared_and_
     semaphore_leases; test_scripts: a_try_with_a_tag_answers_the_lease_held_with_
     it; test_memory: idempotency_digests_go_with_their_leases
+R27 lockservice/test_groups: placement_is_stable_and_even, names_of_a_group_
+    keep_their_group_when_others_come_and_go; faults/test_groups:
+    a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone
+R28 lockservice/test_groups: a_change_never_grants_a_name_to_two_gateways,
+    a_changing_gateway_waits_for_a_moved_name_in_either_group; counterexample
+    without it: without_the_old_group_a_change_grants_a_name_twice
+R29 test_groups: a_changing_gateways_token_is_raised_in_both_groups
+R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
+    without the copy), carry_over_waits_for_leases_of_the_old_configuration;
+    counterexample without it: without_the_carry_over_tokens_go_backwards
+R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost
 """
 
 from __future__ import annotations

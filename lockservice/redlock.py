@@ -65,7 +65,13 @@ class Redlock:
     """The Redis backend of ``LockManager``."""
 
     def __init__(
-        self, urls: Sequence[str], *, node_timeout: float, max_ttl: float, events: LockEvents
+        self,
+        urls: Sequence[str],
+        *,
+        node_timeout: float,
+        max_ttl: float,
+        events: LockEvents,
+        waiters: Waiters | None = None,
     ) -> None:
         if len(urls) not in (1, 3, 5):
             raise ValueError(f"redis nodes: {len(urls)} given, use 1, 3 or 5 independent nodes")
@@ -73,7 +79,7 @@ class Redlock:
         labels = tuple(a.label for a in addresses)
         if len(set(labels)) != len(labels):
             raise ValueError(f"redis nodes: the same node is listed twice in {list(labels)}")
-        self.waiters = Waiters()
+        self.waiters = Waiters() if waiters is None else waiters  # shared by groups
         # Releases that name one of this process's waiters come on its own channel.
         self._process = secrets.token_hex(8)
         self._timeout = node_timeout

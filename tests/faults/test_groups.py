@@ -1,0 +1,67 @@
+"""Redlock groups are independent: a group that loses its quorum takes only its own
+names with it (protocol R27)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lockservice import LockManager, QuorumUnavailable
+from lockservice.placement import GroupSpec, owner
+from tests._servers import RedisNode
+from tests.faults.conftest import MAX_TTL, NODE_TIMEOUT
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture
+def two_groups(tmp_path: Path) -> Iterator[tuple[list[RedisNode], list[RedisNode]]]:
+    nodes = [RedisNode(tmp_path / f"node{i}") for i in range(6)]
+    for node in nodes:
+        node.start()
+    yield nodes[:3], nodes[3:]
+    for node in nodes:
+        node.stop()
+
+
+async def test_a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone(
+    two_groups: tuple[list[RedisNode], list[RedisNode]],
+) -> None:
+    a_nodes, b_nodes = two_groups
+    a = GroupSpec.of([n.url for n in a_nodes], "a")
+    b = GroupSpec.of([n.url for n in b_nodes], "b")
+    names = [f"indep/{i}" for i in range(40)]
+    of_a = [n for n in names if owner(n, ["a", "b"]) == "a"]
+    of_b = [n for n in names if owner(n, ["a", "b"]) == "b"]
+    assert of_a
+    assert of_b
+    mgr = await LockManager.connect(groups=[a, b], node_timeout=NODE_TIMEOUT, max_ttl=MAX_TTL)
+    try:
+        assert (await mgr.ready()).ready
+        held = await mgr.acquire(of_a[0], ttl=MAX_TTL)
+        b_nodes[0].kill()
+        b_nodes[1].kill()
+        took = []
+        for name in of_a[1:]:  # no node of b is waited for: under one node timeout each
+            start = time.perf_counter()
+            await mgr.release(await mgr.acquire(name, ttl=1.0))
+            took.append(time.perf_counter() - start)
+        assert statistics.median(took) < NODE_TIMEOUT
+        for name in of_b:
+            with pytest.raises(QuorumUnavailable) as info:
+                await mgr.acquire(name, ttl=1.0)
+            assert set(info.value.node_errors) <= {n.url.split("/")[2] for n in b_nodes}
+        held = await mgr.extend(held, ttl=MAX_TTL)  # a lease of group a lives on
+        await mgr.release(held)
+        readiness = await mgr.ready()
+        states = dict(readiness.groups)
+        assert not readiness.ready
+        assert "group b" in readiness.reason
+        assert states["a"] == "ok"
+        assert states["b"] != "ok"
+    finally:
+        await mgr.close()

@@ -1,0 +1,450 @@
+"""Redlock groups: placement, and changes of groups with gateways of both configurations
+running at once (protocol R27-R31), on real redis-server nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.cli import main
+from lockservice import LeaseLost, LockHeld, LockManager
+from lockservice.carry import carry_over
+from lockservice.groups import Groups
+from lockservice.placement import GroupSpec, derived_id, owner
+from lockservice.protocol import fence_key, lock_key
+from tests._servers import RedisNode
+
+NAMES = [f"grp/{i}" for i in range(24)]
+QUIET = [f"quiet/{i}" for i in range(24)]  # locked before and after a change, not during
+TTL = 1.0
+MAX_TTL = 2.0
+
+
+# placement (R27)
+def test_placement_is_stable_and_even() -> None:
+    """30 000 names over 3 groups: each share within 5 standard deviations of 1/3, and
+    the same owner whatever the order of the groups."""
+    groups = ["ga", "gb", "gc"]
+    names = [f"orders/{i}" for i in range(30_000)]
+    shares = Counter(owner(n, groups) for n in names)
+    sd = math.sqrt(len(names) * (1 / 3) * (2 / 3))
+    for g in groups:
+        assert abs(shares[g] - len(names) / 3) < 5 * sd, shares
+    assert all(owner(n, groups) == owner(n, groups[::-1]) for n in names[:2000])
+
+
+def test_names_of_a_group_keep_their_group_when_others_come_and_go() -> None:
+    """Adding a group moves only names to it (about 1/4 of them); removing one moves
+    only its own names."""
+    names = [f"orders/{i}" for i in range(20_000)]
+    three, four = ["ga", "gb", "gc"], ["ga", "gb", "gc", "gd"]
+    moved = [n for n in names if owner(n, three) != owner(n, four)]
+    assert all(owner(n, four) == "gd" for n in moved)
+    sd = math.sqrt(len(names) * 0.25 * 0.75)
+    assert abs(len(moved) - len(names) / 4) < 5 * sd
+    two = ["ga", "gc"]
+    assert all(owner(n, two) == owner(n, three) for n in names if owner(n, three) != "gb")
+
+
+def test_a_group_id_does_not_depend_on_the_order_of_its_nodes() -> None:
+    urls = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"]
+    assert derived_id(urls) == derived_id(urls[::-1]) != derived_id([*urls[:2], "redis://x"])
+    assert GroupSpec.of(urls, "orders").id == "orders"
+    with pytest.raises(ValueError, match="group id"):
+        GroupSpec.of(urls, "no spaces")
+
+
+def test_a_node_in_two_groups_is_refused() -> None:
+    a = GroupSpec.of(["redis://127.0.0.1:1"])
+    b = GroupSpec.of(["redis://127.0.0.1:1", "redis://127.0.0.1:2", "redis://127.0.0.1:3"])
+    with pytest.raises(ValueError, match="is in group"):
+        Groups([a, b], node_timeout=0.2, max_ttl=1.0, events=_NoEvents())
+
+
+class _NoEvents:  # the Groups constructor only passes events on
+    pass
+
+
+# changes of groups (R28-R31)
+@dataclass
+class Ledger:
+    """What the critical sections saw: a holder at a time per name, rising tokens."""
+
+    inside: dict[str, str] = field(default_factory=dict)
+    last: dict[str, int] = field(default_factory=dict)
+    overlaps: list[str] = field(default_factory=list)
+    backwards: list[tuple[str, int, int]] = field(default_factory=list)
+    grants: int = 0
+
+    def enter(self, name: str, lease_id: str, token: int) -> None:
+        if name in self.inside:
+            self.overlaps.append(name)
+        self.inside[name] = lease_id
+        if token <= self.last.get(name, 0):
+            self.backwards.append((name, self.last[name], token))
+        self.last[name] = max(token, self.last.get(name, 0))
+        self.grants += 1
+
+    def leave(self, name: str, lease_id: str) -> None:
+        if self.inside.get(name) == lease_id:
+            del self.inside[name]
+
+
+async def _contend(managers: Sequence[LockManager], ledger: Ledger, rounds: int = 6) -> None:
+    """Two tasks per name and manager take every name ``rounds`` times each."""
+
+    async def worker(mgr: LockManager, name: str) -> None:
+        for _ in range(rounds):
+            lease = await mgr.acquire(name, ttl=TTL, wait=10.0)
+            ledger.enter(name, lease.lease_id, lease.token)
+            await asyncio.sleep(0.002)
+            ledger.leave(name, lease.lease_id)
+            await mgr.release(lease)
+
+    tasks = [worker(m, n) for m in managers for n in NAMES for _ in range(2)]
+    await asyncio.wait_for(asyncio.gather(*tasks), 120)
+
+
+@pytest.fixture
+async def groups(redis_pool: list[RedisNode]) -> dict[str, GroupSpec]:
+    for node in redis_pool:
+        if not node.alive:
+            node.start()
+        node.resume()
+        node.flushall()
+    urls = [n.url for n in redis_pool]
+    specs = {
+        "a": GroupSpec.of(urls[:3], "a"),
+        "b": GroupSpec.of(urls[3:4], "b"),
+        "c": GroupSpec.of(urls[4:5], "c"),
+    }
+    # A new group starts its counters at a wall-clock base (R18), above the older
+    # groups' counters: c is synced first, so that its counters start *below* those of
+    # a and b, as they do for a group that served before and comes back, and a moved
+    # name's counter in its new group is behind unless R29 and R30 carry it.
+    await (await LockManager.connect(groups=[specs["c"]], max_ttl=MAX_TTL)).close()
+    await asyncio.sleep(0.02)
+    for spec in (specs["a"], specs["b"]):
+        await (await LockManager.connect(groups=[spec], max_ttl=MAX_TTL)).close()
+        await asyncio.sleep(0.02)  # b above a: a name moving from b to a is behind too
+    return specs
+
+
+class Managers:
+    def __init__(self) -> None:
+        self.open: list[LockManager] = []
+
+    async def make(
+        self, groups: Sequence[GroupSpec], previous: Sequence[GroupSpec] = ()
+    ) -> LockManager:
+        mgr = await LockManager.connect(
+            groups=groups, previous_groups=previous, max_ttl=MAX_TTL, node_timeout=0.5
+        )
+        self.open.append(mgr)
+        return mgr
+
+    async def close(self, mgr: LockManager) -> None:
+        self.open.remove(mgr)
+        await mgr.close()
+
+
+@pytest.fixture
+async def managers() -> AsyncIterator[Managers]:
+    made = Managers()
+    yield made
+    for mgr in made.open:
+        await mgr.close()
+
+
+async def _change(
+    made: Managers, old: Sequence[GroupSpec], new: Sequence[GroupSpec], *, carry: bool = True
+) -> Ledger:
+    """The procedure of README "Adding or removing a group", with the gateways of each two
+    neighbouring steps contending for the same names at once."""
+    moved = [n for n in NAMES if owner(n, [g.id for g in old]) != owner(n, [g.id for g in new])]
+    assert 3 <= len(moved) < len(NAMES), "the names must cover moved and kept ones"
+    ledger = Ledger()
+    before = await made.make(old)
+    await _contend([before], ledger)  # counters of the old groups well above zero
+    await _once(before, QUIET, ledger)
+    await _hot(old, QUIET)
+    changing = await made.make(new, previous=old)
+    await _contend([before, changing], ledger)  # step 1: old and changing gateways
+    await made.close(before)
+    if carry:
+        await carry_over(new, old, max_ttl=MAX_TTL)  # step 2
+    after = await made.make(new)
+    await _contend([changing, after], ledger)  # step 3: changing and new gateways
+    await made.close(changing)
+    await _once(after, NAMES + QUIET, ledger)  # step 4: the new configuration alone
+    return ledger
+
+
+async def _hot(groups: Sequence[GroupSpec], names: list[str]) -> None:
+    """As if each name had been granted 10^9 more times: counters far above any base."""
+    ids = [g.id for g in groups]
+    for spec in groups:
+        for url in spec.urls:
+            client = aioredis.from_url(url)
+            for name in names:
+                if owner(name, ids) == spec.id:
+                    await client.incrby(fence_key(name), 10**9)
+            await client.aclose()
+
+
+async def _once(mgr: LockManager, names: list[str], ledger: Ledger) -> None:
+    for name in names:
+        lease = await mgr.acquire(name, ttl=TTL)
+        ledger.enter(name, lease.lease_id, lease.token)
+        ledger.leave(name, lease.lease_id)
+        await mgr.release(lease)
+
+
+async def test_tokens_rise_across_adding_and_removing_a_group(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    a, b, c = groups["a"], groups["b"], groups["c"]
+    added = await _change(managers, [a, b], [a, b, c])
+    assert added.overlaps == []
+    assert added.backwards == []
+    removed = await _change(managers, [a, b, c], [a, b])
+    assert removed.overlaps == []
+    assert removed.backwards == []
+    assert added.grants == removed.grants == len(NAMES) * (6 * 2 * (1 + 2 + 2) + 1) + 2 * len(QUIET)
+
+
+async def test_a_change_never_grants_a_name_to_two_gateways(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """The moved names are held by gateways of the old configuration while gateways of
+    the change ask: none is granted until the old lease is released."""
+    a, b = groups["a"], groups["b"]
+    before = await managers.make([a])
+    changing = await managers.make([a, b], previous=[a])
+    moved = [n for n in NAMES if owner(n, ["a", "b"]) == "b"]
+    leases = [await before.acquire(n, ttl=MAX_TTL) for n in moved]
+    for name in moved:
+        with pytest.raises(LockHeld):
+            await changing.acquire(name, ttl=TTL)
+    for lease in leases:
+        await before.release(lease)
+    got = [await changing.acquire(n, ttl=TTL) for n in moved]
+    assert all(g.token > old.token for g, old in zip(got, leases, strict=True))
+
+
+async def test_without_the_old_group_a_change_grants_a_name_twice(
+    groups: dict[str, GroupSpec], managers: Managers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R28 is needed: a changing gateway that locked the new group alone overlaps with
+    gateways of the old configuration, and its tokens go backwards."""
+    monkeypatch.setattr(
+        Groups, "route", lambda self, name: (self.groups[owner(name, self.current)],)
+    )
+    a, b = groups["a"], groups["b"]
+    before = await managers.make([a])
+    ledger = Ledger()
+    await _contend([before], ledger, rounds=2)
+    changing = await managers.make([a, b], previous=[a])
+    await _contend([before, changing], ledger, rounds=2)
+    assert ledger.overlaps
+    assert ledger.backwards
+
+
+async def test_without_the_carry_over_tokens_go_backwards(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """R30 is needed: names nobody locked during the change keep their counters in the
+    old group, and the new group starts them again from 1."""
+    a, b = groups["a"], groups["b"]
+    before = await managers.make([a, b])
+    ledger = Ledger()
+    await _contend([before], ledger, rounds=2)
+    await managers.close(before)
+    after = await managers.make([a])
+    await _once(after, NAMES, ledger)
+    assert ledger.backwards
+
+
+async def test_carry_over_waits_for_leases_of_the_old_configuration(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """A lease of a moved name held in the old group alone is waited out; one held by a
+    changing gateway (in both groups) is not; the moved counters are copied."""
+    a, b = groups["a"], groups["b"]
+    moved = [n for n in NAMES if owner(n, ["a", "b"]) == "b"]
+    before = await managers.make([a])
+    old_lease = await before.acquire(moved[0], ttl=1.5)
+    granted = asyncio.get_running_loop().time()
+    changing = await managers.make([a, b], previous=[a])
+    both = await changing.acquire(moved[1], ttl=MAX_TTL)
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    report = await carry_over([a, b], [a], max_ttl=MAX_TTL, sleep=sleep)
+    assert len(waits) == 1
+    assert 1.5 - (asyncio.get_running_loop().time() - granted) - 0.05 < waits[0] <= 1.5
+    assert report.moved == 2  # only these two moved names have counters yet
+    await changing.release(both)
+    await before.release(old_lease)
+    after = await managers.make([a, b])
+    lease = await after.acquire(moved[0], ttl=TTL)
+    assert lease.token > old_lease.token
+
+
+async def test_carry_over_with_no_lease_left_does_not_wait(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    a, b = groups["a"], groups["b"]
+    before = await managers.make([a])
+    for name in NAMES:
+        await before.release(await before.acquire(name, ttl=TTL))
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    report = await carry_over([a, b], [a], max_ttl=MAX_TTL, sleep=sleep)
+    moved = sum(owner(n, ["a", "b"]) == "b" for n in NAMES)
+    assert report.moved == moved
+    assert report.scanned == len(NAMES)
+    assert waits == []
+    assert report.raised == moved  # one node in group b
+
+
+async def test_a_moved_lease_that_lost_one_group_is_lost(
+    groups: dict[str, GroupSpec], managers: Managers, redis_pool: list[RedisNode]
+) -> None:
+    """R31: the old group's grant gone (as when it expired there), extend is refused."""
+    a, b = groups["a"], groups["b"]
+    changing = await managers.make([a, b], previous=[a])
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    lease = await changing.acquire(name, ttl=TTL)
+    extended = await changing.extend(lease, ttl=TTL)
+    assert extended.token == lease.token
+    for node in redis_pool[:3]:  # group a
+        node.command("DEL", lock_key(name))
+    with pytest.raises(LeaseLost):
+        await changing.extend(lease, ttl=TTL)
+
+
+async def test_inspect_and_issued_of_a_moved_name_cover_both_groups(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await managers.make([a])
+    for _ in range(3):
+        await before.release(await before.acquire(name, ttl=TTL))
+    last = await before.acquire(name, ttl=TTL)
+    await before.release(last)
+    changing = await managers.make([a, b], previous=[a])
+    assert await changing.issued(name) >= last.token
+    lease = await changing.acquire(name, ttl=TTL)
+    assert lease.token > last.token
+    info = await changing.inspect(name)
+    assert info.held
+    assert info.token == lease.token
+    assert await changing.issued(name) == lease.token
+
+
+@pytest.mark.parametrize("new_id", ["b", "c"])
+async def test_a_changing_gateways_token_is_raised_in_both_groups(
+    groups: dict[str, GroupSpec], managers: Managers, new_id: str
+) -> None:
+    """R29: group b's counters run ahead of a's, c's behind. Whichever of the two
+    grants of a moved name has the larger token, the other group is raised to it: the
+    next grant by the old configuration (a alone) or by the new one (the new group
+    alone) is above it."""
+    a, new = groups["a"], groups[new_id]
+    name = next(n for n in NAMES if owner(n, ["a", new_id]) == new_id)
+    before = await managers.make([a])
+    await before.release(await before.acquire(name, ttl=TTL))
+    changing = await managers.make([a, new], previous=[a])
+    lease = await changing.acquire(name, ttl=TTL)
+    await changing.release(lease)
+    later = await before.acquire(name, ttl=TTL)
+    await before.release(later)
+    assert later.token > lease.token
+    lease = await changing.acquire(name, ttl=TTL)
+    await changing.release(lease)
+    after = await managers.make([a, new])
+    last = await after.acquire(name, ttl=TTL)
+    assert last.token > lease.token > later.token
+
+
+def _toml(groups: Sequence[GroupSpec], previous: Sequence[GroupSpec]) -> str:
+    def listed(specs: Sequence[GroupSpec]) -> str:
+        return "[" + ", ".join(f'{{id = "{g.id}", redis = {list(g.urls)!r}}}' for g in specs) + "]"
+
+    return f"[locks]\ngroups = {listed(groups)}\nprevious_groups = {listed(previous)}\n".replace(
+        "'", '"'
+    )
+
+
+async def test_the_carry_command_copies_and_says_what_it_did(
+    groups: dict[str, GroupSpec],
+    managers: Managers,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a, b = groups["a"], groups["b"]
+    before = await managers.make([a])
+    await _once(before, NAMES, Ledger())
+    await managers.close(before)
+    path = tmp_path / "change.toml"
+    path.write_text(_toml([a, b], [a]))
+    assert await asyncio.to_thread(main, ["groups", "carry", "--config", str(path)]) == 0
+    moved = sum(owner(n, ["a", "b"]) == "b" for n in NAMES)
+    assert f"carried: {moved} moved name(s) of {len(NAMES)} counter(s) read" in (
+        capsys.readouterr().out
+    )
+    path.write_text(_toml([a, b], [])[: -len("previous_groups = []\n")])
+    assert await asyncio.to_thread(main, ["groups", "carry", "--config", str(path)]) == 1
+    assert "no [locks] previous_groups" in capsys.readouterr().err
+    dead = GroupSpec.of(["redis://127.0.0.1:1"], "dead")
+    path.write_text(_toml([a, dead], [a]))
+    assert await asyncio.to_thread(main, ["groups", "carry", "--config", str(path)]) == 3
+    assert "run it again" in capsys.readouterr().err
+
+
+async def test_a_changing_gateway_waits_for_a_moved_name_in_either_group(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """Waiting acquires of a moved name: behind a holder of the old group (a gateway of
+    the old configuration) and behind one of the new group (of the new configuration);
+    each is served when that holder releases, and the old group's grant it keeps
+    meanwhile is given up when it is cancelled."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await managers.make([a])
+    changing = await managers.make([a, b], previous=[a])
+    after = await managers.make([a, b])
+    for holder in (before, after):
+        held = await holder.acquire(name, ttl=MAX_TTL)
+        waiting = asyncio.create_task(changing.acquire(name, ttl=TTL, wait=MAX_TTL))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await holder.release(held)
+        lease = await asyncio.wait_for(waiting, MAX_TTL)
+        assert lease.token > held.token
+        await changing.release(lease)
+    held = await after.acquire(name, ttl=MAX_TTL)
+    waiting = asyncio.create_task(changing.acquire(name, ttl=MAX_TTL, wait=MAX_TTL))
+    await asyncio.sleep(0.2)  # it holds group a now, and waits for b
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.05)
+    for url in a.urls:  # group a was given back at once
+        client = aioredis.from_url(url)
+        assert await client.get(lock_key(name)) is None
+        await client.aclose()
