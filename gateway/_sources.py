@@ -9,6 +9,7 @@ naming the key, its (redacted) value, where it came from and what is wrong.
     FENCEGATE_SHUTDOWN_GRACE_MS  FENCEGATE_LOG_LEVEL  FENCEGATE_LOG_FORMAT  FENCEGATE_STRICT_START
     FENCEGATE_TLS_CERT  FENCEGATE_TLS_KEY
     FENCEGATE_LOCKS_<KEY>           e.g. FENCEGATE_LOCKS_REDIS=redis://a:6379,redis://b:6379,...
+                                    FENCEGATE_LOCKS_GROUPS=redis://a1,redis://a2,redis://a3;redis://b1,...
     FENCEGATE_STORES_<NAME>_<KEY>   e.g. FENCEGATE_STORES_KV_DSN=postgresql://...
 
 ``<NAME>`` is the store name upper-cased with ``-`` as ``_`` (a store that
@@ -48,8 +49,8 @@ TOP_KEYS: Final = {
     "locks", "stores", "auth", "tls",
 }  # fmt: skip
 LOCKS_KEYS: Final = {
-    "redis", "node_timeout_ms", "min_ttl_ms", "max_ttl_ms", "max_wait_ms", "default_ttl_ms",
-    "default_wait_ms", "issued_cache_size",
+    "redis", "groups", "previous_groups", "node_timeout_ms", "min_ttl_ms", "max_ttl_ms",
+    "max_wait_ms", "default_ttl_ms", "default_wait_ms", "issued_cache_size",
 }  # fmt: skip
 STORE_KEYS: Final = {
     "type", "dsn", "schema", "table", "key_column", "columns", "root", "fencing",
@@ -184,13 +185,24 @@ def show(path: str, value: object) -> str:
         return repr(redact(value))
     if path.endswith("dsn"):
         return "<hidden>"
-    if isinstance(value, list | tuple):  # as written in TOML, not as a Python tuple
-        items = [redact(v) if isinstance(v, str) and path.endswith("redis") else v for v in value]
+    if isinstance(value, list | tuple | Mapping):  # as written in TOML, not as Python
+        items = _redacted(value)
         try:
             return json.dumps(items)
         except (TypeError, ValueError):
             return repr(items)
     return repr(value)
+
+
+def _redacted(value: object) -> object:
+    """``value`` with every URL password in it (lists of lists too) replaced by ``***``."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _redacted(v) for k, v in value.items()}
+    return value
 
 
 def set_path(raw: dict[str, Any], path: list[str], value: object) -> None:
@@ -268,6 +280,9 @@ def apply_env(raw: dict[str, Any], env: Mapping[str, str], origins: dict[str, st
             continue
         if path[-1] in ("redis", "columns"):
             value = [v.strip() for v in env[var].split(",") if v.strip()]
+        elif path[-1] in ("groups", "previous_groups"):  # groups apart by ';', nodes by ','
+            value = [[v.strip() for v in g.split(",") if v.strip()] for g in env[var].split(";")]
+            value = [g for g in value if g]
         set_path(raw, path, value)
         origins[".".join(path)] = var
     return warnings

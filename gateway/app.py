@@ -120,6 +120,8 @@ async def _locks_ctx(app: web.Application) -> AsyncIterator[None]:
     app[HOT] = HotLocks()
     manager = await LockManager.connect(
         locks.redis,
+        groups=locks.groups,
+        previous_groups=locks.previous_groups,
         node_timeout=locks.node_timeout,
         min_ttl=locks.min_ttl,
         max_ttl=locks.max_ttl,

@@ -2,7 +2,7 @@
 
 ::
 
-    fencegate serve [--config F] [--listen H:P] [--redis URL ...]
+    fencegate serve [--config F] [--listen H:P] [--redis URL ... | --group URL,URL,URL ...]
     fencegate check-config F
     fencegate lock NAME [--ttl-ms N] [--wait-ms N] [--shared] [--idempotency-key K]
     fencegate semaphore NAME --permits N [--ttl-ms N] [--wait-ms N] [--idempotency-key K]
@@ -12,6 +12,7 @@
     fencegate delete STORE KEY --token N
     fencegate run NAME [--ttl-ms N] [--wait-ms N] [--shared | --permits N] -- CMD [ARGS...]
     fencegate pg install-fencing|uninstall-fencing --config F --store NAME
+    fencegate groups carry --config F
 
 Client verbs talk to ``--url`` (``$FENCEGATE_URL``, default http://127.0.0.1:8080)
 with ``--api-key`` (``$FENCEGATE_API_KEY``). Exit status: 0 done, 1 refused
@@ -31,7 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, TokenRequired
-from gateway.config import ConfigError, load_config
+from gateway.config import Config, ConfigError, load_config
+from gateway.groups_cli import add_parser as add_groups_parser
 from gateway.pg_cli import add_parser as add_pg_parser
 from gateway.tls import server_ssl_context
 from lockservice.lease import MAX_PERMITS
@@ -77,6 +79,10 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["listen"] = args.listen
     if args.redis:
         overrides["locks.redis"] = args.redis
+    if args.group:
+        overrides["locks.groups"] = [_urls(g) for g in args.group]
+    if args.previous_group:
+        overrides["locks.previous_groups"] = [_urls(g) for g in args.previous_group]
     if args.metrics_listen:
         overrides["metrics_listen"] = args.metrics_listen
     if args.allow_remote:
@@ -102,11 +108,30 @@ def _check_config(args: argparse.Namespace) -> int:
         return REFUSED
     for warning in config.warnings:
         print(f"fencegate: warning: {warning}", file=sys.stderr)
-    locks = f"{len(config.locks.redis)} redis node(s)" if config.locks.redis else "in-process"
+    locks = _describe_locks(config)
     stores = ", ".join(config.stores) or "none"
     tls = ", tls" if config.tls is not None else ""
     print(f"ok: {args.file}: listen {config.listen}{tls}, locks {locks}, stores {stores}")
     return 0
+
+
+def _urls(text: str) -> list[str]:
+    return [u.strip() for u in text.split(",") if u.strip()]
+
+
+def _describe_locks(config: Config) -> str:
+    locks = config.locks
+    if locks.groups:
+        text = f"{len(locks.groups)} redlock group(s) " + ", ".join(
+            f"{g.id} ({len(g.urls)} node(s))" for g in locks.groups
+        )
+    elif locks.redis:
+        text = f"{len(locks.redis)} redis node(s)"
+    else:
+        return "in-process"
+    if locks.previous_groups:
+        text += ", changing from " + ", ".join(g.id for g in locks.previous_groups)
+    return text
 
 
 # client verbs
@@ -323,6 +348,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--redis", action="append", metavar="URL", help="a redis node; repeat for 3 or 5"
     )
+    serve.add_argument(
+        "--group",
+        action="append",
+        metavar="URL,URL,URL",
+        help="a redlock group (instead of --redis); repeat for more groups",
+    )
+    serve.add_argument(
+        "--previous-group",
+        action="append",
+        metavar="URL,URL,URL",
+        help="a group before a change of groups (locks.previous_groups); repeat",
+    )
     serve.add_argument("--metrics-listen", help="host:port for /metrics alone")
     serve.add_argument(
         "--allow-remote", action="store_true", help="listen beyond loopback without auth"
@@ -345,6 +382,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.set_defaults(handler=_check_config)
     add_pg_parser(sub)
+    add_groups_parser(sub)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(

@@ -7,7 +7,9 @@ Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
     request_timeout_ms = 60000       shutdown_timeout_ms = 30000   shutdown_grace_ms = 5000
     log_level = "info"               log_format = "text" | "json"
     strict_start = false             (true: a store that cannot start stops the start)
-    [locks]  redis = [urls]  node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
+    [locks]  redis = [urls] | groups = [[urls], {id = "a", redis = [urls]}, ...]
+             previous_groups = [...] (only while changing groups)
+             node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
              max_wait_ms = 30000  default_ttl_ms = 10000  default_wait_ms = 0
              issued_cache_size = 100000
     [stores.<name>]  type = "postgres" | "mysql" | "files" | "s3"
@@ -27,6 +29,7 @@ Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
 
 Every key can be overridden by a ``FENCEGATE_*`` environment variable (see
 ``gateway/_sources.py``: ``FENCEGATE_LOCKS_REDIS=redis://a,redis://b,redis://c``,
+``FENCEGATE_LOCKS_GROUPS=redis://a1,redis://a2,redis://a3;redis://b1,...``,
 ``FENCEGATE_STORES_KV_DSN=...``), except auth keys, which come from the file only.
 With no file and no ``FENCEGATE_STORES_*`` the gateway serves one files store,
 ``files``, under ``./fencegate-data``; with no ``[locks] redis`` it uses the
@@ -41,7 +44,7 @@ import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 from urllib.parse import urlsplit
@@ -59,6 +62,7 @@ from gateway._sources import (
 from gateway.errors import ConfigError
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from lockservice.node import parse_node_url
+from lockservice.placement import GroupSpec
 
 __all__ = [
     "Address",
@@ -111,6 +115,8 @@ class LocksConfig:
     """``[locks]``: the Redis nodes (none: in-process backend) and limits, in seconds."""
 
     redis: tuple[str, ...] = ()
+    groups: tuple[GroupSpec, ...] = ()  # instead of redis: names spread over these
+    previous_groups: tuple[GroupSpec, ...] = ()  # during a change of groups only
     node_timeout: float = 0.2
     min_ttl: float = 0.01
     max_ttl: float = 300.0
@@ -315,8 +321,21 @@ def _parse_locks(r: Reader, t: Mapping[str, Any]) -> LocksConfig:
             r.fail("locks.redis", urls, str(exc))
     if len({parse_node_url(u).label for u in urls}) != len(urls):
         r.fail("locks.redis", urls, "the same node is listed twice")
+    groups = _parse_groups(r, t, "groups")
+    previous = _parse_groups(r, t, "previous_groups")
+    if urls and groups:
+        r.fail("locks.groups", t["groups"], "set locks.redis or locks.groups, not both")
+    if previous:
+        if not (urls or groups):
+            r.fail("locks.previous_groups", t["previous_groups"], "needs locks.groups (or redis)")
+        now = groups or (GroupSpec.of(urls),)
+        if {g.id for g in now} == {g.id for g in previous}:
+            r.fail("locks.previous_groups", t["previous_groups"], "equals the groups; remove it")
+        _one_group_per_node(r, (*now, *previous), "locks.previous_groups", t["previous_groups"])
     locks = LocksConfig(
         redis=urls,
+        groups=groups,
+        previous_groups=previous,
         node_timeout=r.ms(t, "node_timeout_ms", "locks.node_timeout_ms", 200),
         min_ttl=r.ms(t, "min_ttl_ms", "locks.min_ttl_ms", 10),
         max_ttl=r.ms(t, "max_ttl_ms", "locks.max_ttl_ms", 300_000),
@@ -332,6 +351,47 @@ def _parse_locks(r: Reader, t: Mapping[str, Any]) -> LocksConfig:
     if locks.default_wait > locks.max_wait:
         r.fail("locks.default_wait_ms", int(locks.default_wait * 1000), "exceeds max_wait_ms")
     return locks
+
+
+def _parse_groups(r: Reader, t: Mapping[str, Any], key: str) -> tuple[GroupSpec, ...]:
+    """``[[urls], {id = "a", redis = [urls]}, ...]``: each a Redlock of 1, 3 or 5 nodes."""
+    path = f"locks.{key}"
+    raw = t.get(key, [])
+    if not isinstance(raw, list):
+        r.fail(path, raw, "must be a list of groups: [[urls], [urls], ...]")
+    specs: list[GroupSpec] = []
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        group_id = None
+        if isinstance(item, Mapping):
+            r.known(item, {"id", "redis"}, where)
+            group_id = r.string(item, "id", f"{where}.id")
+            urls = r.strings(item, "redis", f"{where}.redis")
+        else:
+            urls = r.strings({"redis": item}, "redis", where)
+        if len(urls) not in (1, 3, 5):
+            r.fail(where, list(urls), f"{len(urls)} nodes given; use 1, 3 or 5 independent nodes")
+        try:
+            specs.append(GroupSpec.of(urls, group_id))
+        except ValueError as exc:
+            r.fail(where, item, str(exc))
+    ids = [g.id for g in specs]
+    if len(set(ids)) != len(ids):
+        r.fail(path, raw, "two groups have the same id")
+    _one_group_per_node(r, specs, path, raw)
+    return tuple(specs)
+
+
+def _one_group_per_node(r: Reader, specs: Sequence[GroupSpec], path: str, raw: object) -> None:
+    """A node is in one group only (a group listed in groups and previous_groups is one)."""
+    seen: dict[str, str] = {}
+    for spec in {g.id: g for g in specs}.values():
+        labels = [parse_node_url(u).label for u in spec.urls]
+        if len(set(labels)) != len(labels):
+            r.fail(path, raw, f"group {spec.id!r} lists the same node twice")
+        for label in labels:
+            if seen.setdefault(label, spec.id) != spec.id:
+                r.fail(path, raw, f"node {label} is in two groups ({seen[label]}, {spec.id})")
 
 
 def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:

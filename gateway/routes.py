@@ -234,7 +234,7 @@ async def readyz(request: web.Request) -> web.Response:
     )
     draining = request.app[STATE].draining
     store_states = dict(zip(stores, pings, strict=True))
-    lock_state, retry = locks if isinstance(locks, tuple) else (locks, None)
+    lock_state, retry, groups = locks if isinstance(locks, tuple) else (locks, None, ())
     ready = not draining and lock_state == "ok" and all(s == "ok" for s in pings)
     body: dict[str, object] = {
         "ready": ready,
@@ -242,6 +242,8 @@ async def readyz(request: web.Request) -> web.Response:
         "locks": lock_state,
         "stores": store_states,
     }
+    if groups:  # [locks] groups: each Redlock group, "ok" or why it cannot grant
+        body["lock_groups"] = dict(groups)
     headers = {}
     if retry is not None:  # locks come back by themselves once quarantines end
         body["locks_ready_in_s"] = round(retry, 3)
@@ -249,7 +251,9 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503, headers=headers)
 
 
-async def _probe(check: Any, seconds: float, refused: str) -> str | tuple[str, float | None]:
+async def _probe(
+    check: Any, seconds: float, refused: str
+) -> str | tuple[str, float | None, tuple[tuple[str, str], ...]]:
     try:
         async with asyncio.timeout(seconds):
             result = await check
@@ -260,7 +264,7 @@ async def _probe(check: Any, seconds: float, refused: str) -> str | tuple[str, f
     except Exception as exc:  # readiness reports any failure; it must not turn into a 500
         return f"{type(exc).__name__}: {exc}"
     if isinstance(result, Readiness):  # the locks: grantable now, or why not and how long
-        return ("ok" if result.ready else result.reason), result.retry_after
+        return ("ok" if result.ready else result.reason), result.retry_after, result.groups
     return refused if result is False else "ok"
 
 

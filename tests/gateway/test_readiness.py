@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from lockservice.placement import owner
 from lockservice.protocol import QUARANTINE_KEY
 from tests._servers import RedisNode
 from tests.faults.conftest import reply_int, wait_until
@@ -51,3 +52,29 @@ async def test_readiness_is_503_while_a_majority_is_quarantined_and_says_how_lon
 
     await wait_until(ready, 5.0, "ready once the quarantines end")
     assert (await client.post("/v1/locks/r/q", json={"ttl_ms": 1000})).status == 200
+
+
+async def test_readiness_names_each_lock_group_and_a_dead_group_fails_only_its_names(
+    own_redis3: list[RedisNode], start: Start
+) -> None:
+    """[locks] groups: /readyz is 503 while any group cannot grant and says which; a
+    name of a live group is still granted."""
+    a, b = own_redis3[0], own_redis3[1]
+    groups = [{"id": "a", "redis": [a.url]}, {"id": "b", "redis": [b.url]}]
+    client = await start(make_config(locks={"groups": groups, "default_ttl_ms": 1000}))
+    body = await (await client.get("/readyz")).json()
+    assert body["lock_groups"] == {"a": "ok", "b": "ok"}, body
+    b.kill()
+    response = await client.get("/readyz")
+    body = await response.json()
+    assert response.status == 503, body
+    assert body["lock_groups"]["a"] == "ok", body
+    assert "0 of 1 nodes can grant" in body["lock_groups"]["b"], body
+    assert body["locks"].startswith("group b: "), body
+    names = [f"r/{i}" for i in range(20)]
+    of_a = next(n for n in names if owner(n, ["a", "b"]) == "a")
+    of_b = next(n for n in names if owner(n, ["a", "b"]) == "b")
+    assert (await client.post(f"/v1/locks/{of_a}", json={})).status == 200
+    refused = await client.post(f"/v1/locks/{of_b}", json={})
+    assert refused.status == 503
+    assert (await refused.json())["error"] == "quorum_unavailable"
