@@ -23,7 +23,7 @@ from lockservice.events import LockEvents
 from lockservice.lease import LockInfo
 from lockservice.node import parse_node_url
 from lockservice.placement import GroupSpec, owner
-from lockservice.protocol import fence_key, lock_key
+from lockservice.protocol import raise_keys
 from lockservice.redlock import Redlock
 from lockservice.resp import Reply
 from lockservice.waiters import Waiters
@@ -136,7 +136,10 @@ class Groups:
         for group, got in ((old, first.token), (new, second.token)):
             if got < token:
                 await self._raise(group, name, lease_id, token)
-        return Attempt(token, min(first.valid_until, second.valid_until), 0.0)
+        valid_until = min(first.valid_until, second.valid_until)
+        if valid_until <= asyncio.get_running_loop().time():
+            return Attempt(0, 0.0, 0.001)  # took longer than the ttl: both issued anew
+        return Attempt(token, valid_until, 0.0)
 
     async def find(self, name: str, tag: str) -> Attempt | None:
         found = await asyncio.gather(*(g.find(name, tag) for g in self.route(name)))
@@ -148,7 +151,7 @@ class Groups:
     async def _raise(self, group: Redlock, name: str, lease_id: str, token: int) -> None:
         """Raise ``fence:{name}`` to ``token`` on a quorum of ``group`` that this lease holds
         or that is free (``raise_fence.lua``, as round 2 does, R4)."""
-        keys = (fence_key(name), lock_key(name))
+        keys = raise_keys(name)
         futures = [n.call(scripts.RAISE_FENCE, keys, (token, lease_id)) for n in group.nodes]
         await asyncio.wait(futures, timeout=self._timeout)  # a late answer changes nothing
         errors = {
