@@ -453,3 +453,26 @@ async def test_a_changing_gateway_waits_for_a_moved_name_in_either_group(
         client = aioredis.from_url(url)
         assert await client.get(lock_key(name)) is None
         await client.aclose()
+
+
+async def test_lock_kinds_of_a_moved_name_hold_in_both_groups(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """Shared leases and idempotent acquires of a moved name during a change: shared
+    leases hold together and exclude an exclusive acquire of the old configuration; a
+    repeat with the same idempotency key returns the same lease."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await managers.make([a])
+    changing = await managers.make([a, b], previous=[a])
+    one = await changing.acquire(name, ttl=MAX_TTL, mode="shared")
+    two = await changing.acquire(name, ttl=MAX_TTL, mode="shared")
+    assert one.lease_id != two.lease_id
+    with pytest.raises(LockHeld):
+        await before.acquire(name, ttl=TTL)
+    await changing.release(one)
+    await changing.release(two)
+    other = next(n for n in NAMES if owner(n, ["a", "b"]) == "b" and n != name)
+    first = await changing.acquire(other, ttl=MAX_TTL, idempotency_key="k-1")
+    again = await changing.acquire(other, ttl=MAX_TTL, idempotency_key="k-1")
+    assert (again.lease_id, again.token) == (first.lease_id, first.token)
