@@ -7,6 +7,7 @@ naming the key, its (redacted) value, where it came from and what is wrong.
     FENCEGATE_LISTEN  FENCEGATE_METRICS_LISTEN  FENCEGATE_ALLOW_REMOTE
     FENCEGATE_MAX_BODY_BYTES  FENCEGATE_REQUEST_TIMEOUT_MS  FENCEGATE_SHUTDOWN_TIMEOUT_MS
     FENCEGATE_SHUTDOWN_GRACE_MS  FENCEGATE_LOG_LEVEL  FENCEGATE_LOG_FORMAT  FENCEGATE_STRICT_START
+    FENCEGATE_WORKERS
     FENCEGATE_TLS_CERT  FENCEGATE_TLS_KEY
     FENCEGATE_LOCKS_<KEY>           e.g. FENCEGATE_LOCKS_REDIS=redis://a:6379,redis://b:6379,...
                                     FENCEGATE_LOCKS_GROUPS=redis://a1,redis://a2,redis://a3;redis://b1,...
@@ -46,7 +47,7 @@ __all__ = [
 TOP_KEYS: Final = {
     "listen", "metrics_listen", "allow_remote", "max_body_bytes", "request_timeout_ms",
     "shutdown_timeout_ms", "shutdown_grace_ms", "log_level", "log_format", "strict_start",
-    "locks", "stores", "auth", "tls",
+    "workers", "locks", "stores", "auth", "tls",
 }  # fmt: skip
 LOCKS_KEYS: Final = {
     "redis", "groups", "previous_groups", "node_timeout_ms", "min_ttl_ms", "max_ttl_ms",
@@ -226,6 +227,7 @@ _ENV_TOP: Final = {
     "LOG_LEVEL": "log_level",
     "LOG_FORMAT": "log_format",
     "STRICT_START": "strict_start",
+    "WORKERS": "workers",
 }
 CLIENT_ENV: Final = ("FENCEGATE_URL", "FENCEGATE_API_KEY", "FENCEGATE_CONFIG")
 """Read by the CLI, not server settings."""

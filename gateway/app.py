@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
@@ -28,6 +29,7 @@ from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
 from gateway.middlewares import MIDDLEWARES
 from gateway.routes import add_routes
+from gateway.shared import SYNC_INTERVAL, SharedDir
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, GatewayState, StoreEntry
 from lockservice import LockManager
 from storage_adapters import (
@@ -61,11 +63,19 @@ _RETRY_FIRST: Final = 0.5
 _RETRY_MAX: Final = 5.0
 
 
-def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
+def create_app(
+    config: Config,
+    *,
+    registry: CollectorRegistry | None = None,
+    served: CollectorRegistry | None = None,
+    shared: SharedDir | None = None,
+) -> web.Application:
     """The gateway for ``config``; metrics go to ``registry`` (default: a new one).
 
-    ``GET /metrics`` is one of its routes unless ``config.metrics_listen`` is set:
-    then the caller serves ``registry`` on that address (``fencegate serve`` does).
+    ``GET /metrics`` serves ``served`` (default: ``registry``) and is one of its
+    routes unless ``config.metrics_listen`` is set: then the caller serves it on
+    that address (``fencegate serve`` does). A worker of several passes the
+    server's ``shared`` directory: ``/v1/stats/hot`` then covers every worker.
 
     Nothing connects until the app starts (``AppRunner.setup`` or the
     ``aiohttp_client`` fixture); a store that cannot start fails the startup
@@ -77,10 +87,12 @@ def create_app(config: Config, *, registry: CollectorRegistry | None = None) -> 
             registry.register(collector)
     app = web.Application(middlewares=MIDDLEWARES, client_max_size=config.max_body_bytes)
     app[CONFIG] = config
-    app[STATE] = GatewayState(config.locks.issued_cache_size)
-    add_routes(app, registry if config.metrics_listen is None else None)
+    app[STATE] = GatewayState(config.locks.issued_cache_size, shared)
+    add_routes(app, (served or registry) if config.metrics_listen is None else None)
     app.cleanup_ctx.append(_metrics_ctx(registry))
     app.cleanup_ctx.append(_locks_ctx)
+    if shared is not None:
+        app.cleanup_ctx.append(_sync_ctx)
     app.cleanup_ctx.append(_stores_ctx)
     app.on_shutdown.append(_on_shutdown)
     return app
@@ -134,6 +146,33 @@ async def _locks_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await manager.close()
+
+
+async def _sync_ctx(app: web.Application) -> AsyncIterator[None]:
+    """A worker of several: publish its hot locks and time-based gauges every second."""
+    task = asyncio.create_task(_sync(app))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _sync(app: web.Application) -> None:
+    shared = app[STATE].shared
+    assert shared is not None
+    pid, hot, metrics = os.getpid(), app[HOT], app[METRICS]
+    empty = True
+    while True:
+        metrics.refresh()
+        snapshot = hot.snapshot()
+        if snapshot["entries"] or snapshot["waiting"] or not empty:  # else nothing to say
+            try:
+                await asyncio.to_thread(shared.write_hot, pid, snapshot)
+            except OSError as exc:
+                log.warning("cannot write the hot-lock snapshot to %s: %s", shared, exc)
+            empty = not (snapshot["entries"] or snapshot["waiting"])
+        await asyncio.sleep(SYNC_INTERVAL)
 
 
 def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:

@@ -2,7 +2,7 @@
 
 ::
 
-    fencegate serve [--config F] [--listen H:P] [--redis URL ... | --group URL,URL,URL ...]
+    fencegate serve [--config F] [--listen H:P] [--redis URL ... | --group URL,URL,URL ...] [--workers N]
     fencegate check-config F
     fencegate lock NAME [--ttl-ms N] [--wait-ms N] [--shared] [--idempotency-key K]
     fencegate semaphore NAME --permits N [--ttl-ms N] [--wait-ms N] [--idempotency-key K]
@@ -89,6 +89,8 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["allow_remote"] = True
     if args.strict_start:
         overrides["strict_start"] = True
+    if args.workers is not None:
+        overrides["workers"] = args.workers
     if args.log_format:
         overrides["log_format"] = args.log_format
     try:
@@ -111,7 +113,8 @@ def _check_config(args: argparse.Namespace) -> int:
     locks = _describe_locks(config)
     stores = ", ".join(config.stores) or "none"
     tls = ", tls" if config.tls is not None else ""
-    print(f"ok: {args.file}: listen {config.listen}{tls}, locks {locks}, stores {stores}")
+    workers = "" if config.workers == 1 else f", {config.worker_count} workers"
+    print(f"ok: {args.file}: listen {config.listen}{tls}{workers}, locks {locks}, stores {stores}")
     return 0
 
 
@@ -375,6 +378,13 @@ def _parser() -> argparse.ArgumentParser:
         "--strict-start",
         action="store_true",
         help="refuse to start while a store cannot start (default: serve, that store answers 503)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="gateway processes on the one address (default: workers, 1; 0: one per core); "
+        "more than one needs [locks] redis",
     )
     serve.set_defaults(handler=_serve)
 

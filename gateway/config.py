@@ -7,6 +7,7 @@ Keys (DESIGN.md "Configuration"; durations in integer milliseconds)::
     request_timeout_ms = 60000       shutdown_timeout_ms = 30000   shutdown_grace_ms = 5000
     log_level = "info"               log_format = "text" | "json"
     strict_start = false             (true: a store that cannot start stops the start)
+    workers = 1                      (gateway processes on listen; 0: one per core)
     [locks]  redis = [urls] | groups = [[urls], {id = "a", redis = [urls]}, ...]
              previous_groups = [...] (only while changing groups)
              node_timeout_ms = 200  min_ttl_ms = 10  max_ttl_ms = 300000
@@ -80,6 +81,7 @@ Fencing = Literal["token", "lease", "none"]
 VERBS: Final = frozenset({"lock", "read", "write"})
 _STORE_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
+_MAX_WORKERS: Final = 256
 _POSTGRES_ONLY: Final = (
     "dsn", "schema", "table", "key_column", "columns", "pool_min", "pool_max",
     "command_timeout_ms", "acquire_timeout_ms",
@@ -202,8 +204,20 @@ class Config:
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"
     strict_start: bool = False
+    workers: int = 1
+    """Gateway processes sharing ``listen`` (``fencegate serve --workers``); 0: one per core."""
     warnings: tuple[str, ...] = ()
     """Not errors, but likely mistakes (a misspelled ``FENCEGATE_*`` variable)."""
+
+    @property
+    def worker_count(self) -> int:
+        """``workers``, with 0 as the number of cores this process may run on."""
+        if self.workers:
+            return self.workers
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not on Linux
+            return os.cpu_count() or 1
 
 
 DEFAULT_STORES: Final = {"files": {"type": "files", "root": "./fencegate-data"}}
@@ -266,6 +280,7 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
             "a non-loopback address with no [[auth.keys]] lets anyone who can reach it "
             "take locks and write; add [[auth.keys]] or set allow_remote = true",
         )
+    metrics_listen = _address(r, raw, "metrics_listen")
     request_timeout = r.ms(raw, "request_timeout_ms", "request_timeout_ms", 60_000)
     if request_timeout <= locks.max_wait:
         r.fail(
@@ -292,7 +307,7 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
         max_body_bytes=r.integer(raw, "max_body_bytes", "max_body_bytes", 8 << 20, low=1),
         request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout,
-        metrics_listen=_address(r, raw, "metrics_listen"),
+        metrics_listen=metrics_listen,
         allow_remote=allow_remote,
         tls=tls,
         shutdown_grace=shutdown_grace,
@@ -301,7 +316,31 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
             Literal["text", "json"], r.choice(raw, "log_format", "log_format", LOG_FORMATS, "text")
         ),
         strict_start=r.boolean(raw, "strict_start", "strict_start", False),
+        workers=_workers(r, raw, locks, (listen, metrics_listen)),
     )
+
+
+def _workers(
+    r: Reader, raw: Mapping[str, Any], locks: LocksConfig, listens: tuple[Address | None, ...]
+) -> int:
+    """``workers``: 1 by default, 0 for one per core; more than one needs Redis and a port."""
+    workers = r.integer(raw, "workers", "workers", 1, low=0)
+    if workers > _MAX_WORKERS:
+        r.fail("workers", workers, f"must be at most {_MAX_WORKERS}")
+    if workers != 1 and not locks.redis:
+        r.fail(
+            "workers",
+            workers,
+            "more than one worker needs [locks] redis: the in-process lock backend lives in "
+            "one process, so workers would grant the same lock at once",
+        )
+    if workers != 1 and any(a is not None and a.port == 0 for a in listens):
+        r.fail(
+            "workers",
+            workers,
+            "workers share one port: listen and metrics_listen need a fixed port, not 0",
+        )
+    return workers
 
 
 def _address(r: Reader, raw: Mapping[str, Any], key: str) -> Address | None:

@@ -6,16 +6,27 @@ see the hot ones. ``HotLocks`` keeps, per slice of a sliding window, at most
 heaviest half (amortised O(log capacity) per event), so memory stays bounded
 whatever the number of distinct names, and a name that is truly hot is never
 pruned. Counts of pruned names are lost, so counts are lower bounds.
+
+Several workers (``fencegate serve --workers N``): each worker writes a
+``snapshot()`` of its own window (its top names) to the server's shared
+directory every second (``gateway/shared.py``), and the worker that answers
+``GET /v1/stats/hot`` adds the snapshots of the others to its own counts
+(``top(others=...)``). The others' counts are up to a second old, and a name
+outside a worker's snapshot is missing from its share: still lower bounds.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Final
 
-__all__ = ["HotLock", "HotLocks"]
+__all__ = ["SNAPSHOT_SIZE", "HotLock", "HotLocks"]
+
+SNAPSHOT_SIZE: Final = 100
+"""Names per ordering in a worker's snapshot: the largest ``n`` the route serves."""
 
 
 @dataclass(slots=True)
@@ -105,24 +116,27 @@ class HotLocks:
         entries.update(keep)
 
     # reading
-    def top(self, n: int = 10, *, by: str = "wait_time") -> list[HotLock]:
-        """The ``n`` hottest names of the window, by ``wait_time`` or ``waits``."""
-        self._current()  # drop slices that left the window
-        merged: dict[str, _Entry] = {}
-        for _, entries in self._slices:
-            for name, entry in entries.items():
-                total = merged.get(name)
-                if total is None:
-                    total = merged[name] = _Entry()
-                total.waits += entry.waits
-                total.wait_seconds += entry.wait_seconds
-                total.timeouts += entry.timeouts
-        for name in self._waiting:
+    def top(
+        self, n: int = 10, *, by: str = "wait_time", others: Iterable[Mapping[str, Any]] = ()
+    ) -> list[HotLock]:
+        """The ``n`` hottest names of the window, by ``wait_time`` or ``waits``.
+
+        Args:
+            others: ``snapshot()`` s of other workers of the same server, added in.
+        """
+        merged = self._merged()
+        waiting = dict(self._waiting)
+        for snapshot in others:
+            for name, waits, wait_seconds, timeouts in snapshot["entries"]:
+                _add(merged, name, int(waits), float(wait_seconds), int(timeouts))
+            for name, count in snapshot["waiting"].items():
+                waiting[name] = waiting.get(name, 0) + int(count)
+        for name in waiting:
             merged.setdefault(name, _Entry())
         if by == "waits":
 
             def key(kv: tuple[str, _Entry]) -> tuple[float, ...]:
-                return (kv[1].waits + self._waiting.get(kv[0], 0), kv[1].wait_seconds)
+                return (kv[1].waits + waiting.get(kv[0], 0), kv[1].wait_seconds)
         else:
 
             def key(kv: tuple[str, _Entry]) -> tuple[float, ...]:
@@ -130,10 +144,38 @@ class HotLocks:
 
         best = heapq.nlargest(n, merged.items(), key=key)
         return [
-            HotLock(name, e.waits, e.wait_seconds, e.timeouts, self._waiting.get(name, 0))
+            HotLock(name, e.waits, e.wait_seconds, e.timeouts, waiting.get(name, 0))
             for name, e in best
         ]
+
+    def snapshot(self, size: int = SNAPSHOT_SIZE) -> dict[str, Any]:
+        """This process's window as JSON: its ``size`` top names by wait time and by waits."""
+        merged = self._merged()
+        by_time = heapq.nlargest(size, merged.items(), key=lambda kv: kv[1].wait_seconds)
+        by_waits = heapq.nlargest(size, merged.items(), key=lambda kv: kv[1].waits)
+        chosen = dict(by_time + by_waits)
+        return {
+            "entries": [[k, e.waits, e.wait_seconds, e.timeouts] for k, e in chosen.items()],
+            "waiting": dict(self._waiting),
+        }
+
+    def _merged(self) -> dict[str, _Entry]:
+        self._current()  # drop slices that left the window
+        merged: dict[str, _Entry] = {}
+        for _, entries in self._slices:
+            for name, entry in entries.items():
+                _add(merged, name, entry.waits, entry.wait_seconds, entry.timeouts)
+        return merged
 
     def size(self) -> int:
         """Entries held (the memory bound is ``2 * capacity`` per slice)."""
         return sum(len(entries) for _, entries in self._slices) + len(self._waiting)
+
+
+def _add(merged: dict[str, _Entry], name: str, waits: int, seconds: float, timeouts: int) -> None:
+    total = merged.get(name)
+    if total is None:
+        total = merged[name] = _Entry()
+    total.waits += waits
+    total.wait_seconds += seconds
+    total.timeouts += timeouts

@@ -13,11 +13,18 @@ store and Redis node) is exported at 0 from the start (``Metrics.for_config``),
 so that ``rate()`` and ``increase()`` see the first event too and a dashboard
 shows 0 rather than "no data".
 
-Several gateway processes: each process is its own exporter (its own
-registry on its own ``/metrics``), scraped as its own target, so Prometheus
-tells them apart by the ``instance`` label and dashboards sum over it.
-prometheus-client's multiprocess mode is not used: fencegate never forks
-workers that share one port.
+Several gateways (replicas): each is its own exporter, scraped as its own
+target, so Prometheus tells them apart by the ``instance`` label and
+dashboards sum over it. Several workers of one gateway (``fencegate serve
+--workers N``, one port): prometheus-client's multiprocess mode, and any
+worker's ``/metrics`` describes the whole server (``gateway/shared.py``):
+counters and histograms are summed over the workers, ``leases_held`` and
+``lock_waiters`` too (over the live ones), and ``redis_node_state`` is the
+maximum over the live workers: 1 for every state that some worker sees a node
+in. ``leases_held`` is then refreshed every second (``refresh``) rather than at
+each scrape. ``process_*`` are summed over the supervisor and its workers, and
+``fencegate_workers`` counts the live workers; ``python_gc_*`` are per process
+and not exported then.
 
 Hold time and leases held are what this gateway replica saw: a lease granted
 here and released here (hold time), or granted here and neither released
@@ -34,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 
 from lockservice.node import parse_node_url
 from lockservice.protocol import NodeState
@@ -47,6 +54,7 @@ __all__ = [
     "KIND_RESULTS",
     "LOCK_KINDS",
     "LOST_REASONS",
+    "MULTIPROCESS",
     "NODE_STATES",
     "QUORUM_OPERATIONS",
     "REJECT_REASONS",
@@ -58,6 +66,8 @@ __all__ = [
 ]
 
 NAMESPACE: Final = "fencegate"
+MULTIPROCESS: Final = bool(getattr(values.ValueClass, "_multiprocess", False))
+"""prometheus-client keeps values in ``PROMETHEUS_MULTIPROC_DIR`` (a worker of several)."""
 # The label values each hook reports (lockservice/events.py, gateway/routes.py,
 # storage_adapters/base.py); a value outside these still counts, it is just not
 # exported at 0 before its first event.
@@ -198,9 +208,13 @@ class Metrics:
         r: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
         leases = LeaseTracker()
         held = Gauge(
-            "leases_held", "Leases granted through this gateway, not released or expired", **r
+            "leases_held",
+            "Leases granted through this gateway, not released or expired",
+            multiprocess_mode="livesum",
+            **r,
         )
-        held.set_function(lambda: float(leases.held()))
+        if not MULTIPROCESS:  # a function is read at each scrape, in this process only
+            held.set_function(lambda: float(leases.held()))
         metrics = cls(
             lock_acquisitions=Counter(
                 "lock_acquisitions", "Lock acquire attempts, by result", ["result"], **r
@@ -254,12 +268,18 @@ class Metrics:
                 "redis_node_state",
                 "1 for the current state of each Redis node",
                 ["node", "state"],
+                multiprocess_mode="livemax",
                 **r,
             ),
             quorum_failures=Counter(
                 "quorum_failures", "Operations without a majority of nodes", ["operation"], **r
             ),
-            waiters=Gauge("lock_waiters", "Acquires waiting for a held lock", **r),
+            waiters=Gauge(
+                "lock_waiters",
+                "Acquires waiting for a held lock",
+                multiprocess_mode="livesum",
+                **r,
+            ),
             fencing_rejections=Counter(
                 "fencing_rejections",
                 "Writes and fenced reads refused by fencing, by store and reason",
@@ -326,6 +346,11 @@ class Metrics:
             self.node_latency.labels(node)
             for state in NODE_STATES:  # all 0: not connected yet, state unknown
                 self.node_state_gauge.labels(node, state)
+
+    def refresh(self) -> None:
+        """Set the gauges that depend on time alone (multiprocess mode: every second)."""
+        if MULTIPROCESS:
+            self.leases_held.set(self.leases.held())
 
     # lockservice.LockEvents
     def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 from typing import Any, Final
 
@@ -196,17 +197,19 @@ async def delete(request: web.Request) -> web.Response:
 # service
 @routes.get("/v1/stats/hot", name="stats_hot", allow_head=False)
 async def stats_hot(request: web.Request) -> web.Response:
-    """The most contended lock names of this process over the sliding window."""
+    """The most contended lock names of the server (all its workers) over the sliding window."""
     raw = request.query.get("n", "10")
     if not raw.isdigit() or not 1 <= int(raw) <= 100:
         raise BadRequest(f"n {raw!r} must be a whole number from 1 to 100")
     hot = request.app[HOT]
     n = int(raw)
+    shared = request.app[STATE].shared
+    others = [] if shared is None else await asyncio.to_thread(shared.read_hot, exclude=os.getpid())
     return web.json_response(
         {
             "window_s": hot.window,
-            "by_wait_time": [h.as_json() for h in hot.top(n)],
-            "by_waits": [h.as_json() for h in hot.top(n, by="waits")],
+            "by_wait_time": [h.as_json() for h in hot.top(n, others=others)],
+            "by_waits": [h.as_json() for h in hot.top(n, by="waits", others=others)],
         }
     )
 

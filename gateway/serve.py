@@ -17,6 +17,10 @@ Shutdown on SIGTERM or SIGINT, within ``shutdown_timeout_ms`` of the signal:
 
 Failures to start (a port in use, an unusable certificate, a store that cannot
 start with ``strict_start``) are one line on stderr and exit status 1.
+
+With ``workers`` other than 1 this process is a supervisor of worker processes
+(``gateway/supervisor.py``); each worker is a gateway as above, listening on
+the same address with ``SO_REUSEPORT`` and serving the whole server's metrics.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import signal
 import ssl
 import sys
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, Final
 
 from aiohttp import web
@@ -37,9 +43,10 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from gateway.app import StartupError, create_app, start_draining
 from gateway.config import Address, Config, ConfigError
 from gateway.logs import setup_logging
+from gateway.shared import SharedDir, scrape_registry
 from gateway.tls import server_ssl_context
 
-__all__ = ["REFUSED", "serve"]
+__all__ = ["REFUSED", "Signals", "Worker", "serve", "serve_one"]
 
 log = logging.getLogger("fencegate")
 
@@ -48,18 +55,35 @@ _CLOSE_RESERVE: Final = 1.0
 """Seconds of ``shutdown_timeout_ms`` kept for closing Redis and storage connections."""
 
 
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """Which worker of a supervised server this process is, and the server's shared dir."""
+
+    index: int
+    shared: SharedDir
+
+
 def serve(config: Config, *, access_log: bool = False, log_level: str | None = None) -> int:
     """Run a gateway for ``config`` until SIGTERM/SIGINT; the exit status."""
     setup_logging(log_level or config.log_level, config.log_format)
     for warning in config.warnings:
         log.warning("%s", warning)
+    if config.worker_count > 1:
+        from gateway.supervisor import supervise
+
+        return supervise(config, access_log=access_log, log_level=log_level)
+    return serve_one(config, access_log=access_log)
+
+
+def serve_one(config: Config, *, access_log: bool = False, worker: Worker | None = None) -> int:
+    """Run one gateway process (alone, or as ``worker``) until SIGTERM/SIGINT."""
     try:
         tls = server_ssl_context(config.tls) if config.tls is not None else None
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return REFUSED
     try:
-        return _run(_serve_until_signal(config, tls, access_log=access_log))
+        return _run(_serve_until_signal(config, tls, access_log=access_log, worker=worker))
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         return REFUSED
@@ -98,33 +122,48 @@ async def _start_site(runner: web.AppRunner, where: Address, key: str, **kwargs:
 
 
 async def _serve_until_signal(
-    config: Config, tls: ssl.SSLContext | None, *, access_log: bool = False
+    config: Config,
+    tls: ssl.SSLContext | None,
+    *,
+    access_log: bool = False,
+    worker: Worker | None = None,
 ) -> int:
-    _announce(config)
     registry = CollectorRegistry()
-    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-        registry.register(collector)
-    app = create_app(config, registry=registry)
+    if worker is None:
+        _announce(config)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+        served, shared = registry, None
+    else:  # this worker's metrics go to the shared dir; /metrics serves all workers'
+        if worker.index == 0:
+            _announce(config)
+        served, shared = scrape_registry(worker.shared), worker.shared
+    app = create_app(config, registry=registry, served=served, shared=shared)
     grace = min(config.shutdown_grace, config.shutdown_timeout)
     in_flight = max(0.0, config.shutdown_timeout - grace - _CLOSE_RESERVE)
     # No access log unless asked: it costs ~10% of a request, and /metrics counts requests.
     options: dict[str, Any] = {} if access_log else {"access_log": None}
     runners = [web.AppRunner(app, shutdown_timeout=in_flight, **options)]
-    signals = _Signals()
+    # workers share the address; the supervisor made sure nothing else listens on it
+    reuse = {"reuse_port": True} if worker is not None else {}
+    signals = Signals()
     try:
         await runners[0].setup()
-        await _start_site(runners[0], config.listen, "listen", ssl_context=tls)
+        await _start_site(runners[0], config.listen, "listen", ssl_context=tls, **reuse)
         if config.metrics_listen is not None:
             metrics_app = web.Application()
-            metrics_app.router.add_get("/metrics", make_aiohttp_handler(registry))
+            metrics_app.router.add_get("/metrics", make_aiohttp_handler(served))
             runners.append(web.AppRunner(metrics_app, access_log=None))
             await runners[1].setup()
-            await _start_site(runners[1], config.metrics_listen, "metrics_listen")
+            await _start_site(runners[1], config.metrics_listen, "metrics_listen", **reuse)
         scheme = "https" if tls else "http"
+        who = "fencegate" if worker is None else f"worker {worker.index} (pid {os.getpid()})"
         for address in runners[0].addresses:
-            log.info("fencegate listening on %s://%s", scheme, _address(address))
+            log.info("%s listening on %s://%s", who, scheme, _address(address))
         if len(runners) > 1:
             log.info("metrics on http://%s/metrics", _address(runners[1].addresses[0]))
+        if worker is not None:
+            worker.shared.mark_ready(os.getpid())
         await signals.next()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.shutdown_timeout
@@ -144,7 +183,7 @@ async def _serve_until_signal(
     finally:
         signals.close()
         await _cleanup(runners, None)
-    log.info("stopped")
+    log.info("stopped" if worker is None else f"{who} stopped")
     return 0
 
 
@@ -170,7 +209,7 @@ def _address(address: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class _Signals:
+class Signals:
     """SIGTERM and SIGINT as events the serve loop waits for."""
 
     def __init__(self) -> None:

@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.config import ApiKey, Config, StoreConfig
 from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
+from gateway.shared import SharedDir
 from lockservice import LockManager
 from storage_adapters.base import FencedStore
 
@@ -77,7 +78,9 @@ class IssuedCache:
 class GatewayState:
     """Per-process flags and caches."""
 
-    def __init__(self, issued_cache_size: int) -> None:
+    def __init__(self, issued_cache_size: int, shared: SharedDir | None = None) -> None:
+        self.shared = shared
+        """The server's shared directory, for a worker of several (``gateway/shared.py``)."""
         self.draining = False
         self.drained = asyncio.Event()
         """Set with ``draining``: wakes acquires that wait, so they answer 503 at once."""
