@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -25,6 +26,9 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.cli import main
+from gateway.config import ConfigError, load_config, parse_config
+from gateway.hotlocks import HotLocks
 from tests._servers import RedisNode, free_port
 from tests.gateway._tls import make_cert
 
@@ -400,3 +404,67 @@ async def test_one_worker_runs_no_supervisor(
         assert await server.exited() == 0
     finally:
         server.stop()
+
+
+# configuration
+REDIS = {"redis": ["redis://127.0.0.1:7101"]}
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        ({"workers": 2}, ["'workers'", "[locks] redis", "in-process"]),
+        ({"workers": 0}, ["'workers'", "[locks] redis"]),
+        ({"workers": -1, "locks": REDIS}, ["'workers'", "at least 0"]),
+        ({"workers": "2", "locks": REDIS}, ["'workers'", "whole number"]),
+        ({"workers": 1000, "locks": REDIS}, ["'workers'", "at most 256"]),
+        ({"workers": 2, "locks": REDIS, "listen": "127.0.0.1:0"}, ["'workers'", "fixed port"]),
+        ({"workers": 2, "locks": REDIS, "metrics_listen": "127.0.0.1:0"}, ["fixed port"]),
+    ],
+)
+def test_workers_config_errors_name_the_key(raw: dict[str, Any], names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    for name in names:
+        assert name in str(info.value), (name, str(info.value))
+
+
+def test_workers_from_file_environment_and_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "fencegate.toml"
+    path.write_text('workers = 3\n[locks]\nredis = ["redis://127.0.0.1:7101"]\n')
+    assert load_config(path).workers == 3
+    assert load_config(path, env={"FENCEGATE_WORKERS": "4"}).workers == 4
+    assert load_config(path, env={"FENCEGATE_WORKERS": "4"}, overrides={"workers": 2}).workers == 2
+    zero = load_config(path, env={"FENCEGATE_WORKERS": "0"})
+    assert zero.worker_count == len(os.sched_getaffinity(0))
+    assert load_config(None).workers == 1  # the default: one process, no supervisor
+    with pytest.raises(ConfigError, match="FENCEGATE_WORKERS"):
+        load_config(path, env={"FENCEGATE_WORKERS": "many"})
+
+
+def test_check_config_shows_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "fencegate.toml"
+    path.write_text('workers = 2\n[locks]\nredis = ["redis://127.0.0.1:7101"]\n')
+    assert main(["check-config", str(path)]) == 0
+    assert ", 2 workers, locks 1 redis node(s)" in capsys.readouterr().out
+    path.write_text("workers = 2\n")
+    assert main(["check-config", str(path)]) == 1
+    assert "'workers' has value 2" in capsys.readouterr().err
+
+
+def test_hot_snapshots_of_other_workers_add_to_this_ones() -> None:
+    mine, other = HotLocks(), HotLocks()
+    for _ in range(3):
+        mine.record("a", 0.5)
+        other.record("a", 0.25, timed_out=True)
+    other.record("b", 2.0)
+    other.started_waiting("a")
+    snapshot = json.loads(json.dumps(other.snapshot()))  # as a worker writes and reads it
+    by_waits = mine.top(5, by="waits", others=[snapshot])
+    assert [(h.name, h.waits, h.timeouts, h.waiting_now) for h in by_waits] == [
+        ("a", 6, 3, 1),
+        ("b", 1, 0, 0),
+    ]
+    by_time = mine.top(5, others=[snapshot])
+    assert [(h.name, h.wait_seconds) for h in by_time] == [("a", 2.25), ("b", 2.0)]
+    assert [h.waits for h in mine.top(5)] == [3]  # alone: this worker's own counts
