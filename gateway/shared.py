@@ -85,9 +85,9 @@ class SharedDir:
         """The supervisor's pid, then the live workers' (empty before the first record)."""
         try:
             text = (self.path / _PIDS).read_text()
-        except FileNotFoundError:
+        except OSError:  # not written yet, or not ours to read
             return []
-        return [int(line) for line in text.split()]
+        return [int(word) for word in text.split() if word.isdigit()]
 
     def _write(self, name: str, text: str) -> None:
         # write, then rename: a reader sees the old file or the new one, never half of one

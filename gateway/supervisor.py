@@ -23,7 +23,8 @@ single gateway has.
   with ``strict_start``) stops the server at once with exit status 1, as a
   single gateway refuses to start.
 * The supervisor dies (SIGKILL): each worker sees its stdin pipe end and
-  drains itself (``gateway/worker.py``); nothing is left running.
+  drains itself (``gateway/worker.py``); nothing is left running, and the
+  next supervisor to start removes the shared directory left behind.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ import dataclasses
 import errno
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
 import tempfile
+from pathlib import Path
 from typing import Final
 
 from gateway.config import Address, Config
@@ -56,6 +59,7 @@ _GIVE_UP: Final = 5
 _BACKOFF_FIRST: Final = 0.25
 _BACKOFF_MAX: Final = 8.0
 _KILL_MARGIN: Final = 5.0
+_PREFIX: Final = "fencegate-workers-"
 # not ``-m gateway.worker``: as ``__main__`` its Setup would not be the class pickled here
 _WORKER: Final = "from gateway.worker import main; raise SystemExit(main())"
 
@@ -73,7 +77,8 @@ def supervise(config: Config, *, access_log: bool = False, log_level: str | None
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         return REFUSED
-    with tempfile.TemporaryDirectory(prefix="fencegate-workers-") as path:
+    _remove_orphans()
+    with tempfile.TemporaryDirectory(prefix=_PREFIX) as path:
         setup = Setup(
             config=dataclasses.replace(config, warnings=()),  # logged here, once
             index=0,
@@ -82,6 +87,24 @@ def supervise(config: Config, *, access_log: bool = False, log_level: str | None
             log_level=log_level or config.log_level,
         )
         return asyncio.run(_Supervisor(setup, config.worker_count).run())
+
+
+def _remove_orphans() -> None:
+    """Remove the shared dirs of supervisors that died without cleaning up (SIGKILL)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        pids = SharedDir(path).pids()
+        if pids and not _alive(pids[0]):
+            shutil.rmtree(path, ignore_errors=True)  # another user's: not ours to remove
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_free(where: Address, key: str) -> None:

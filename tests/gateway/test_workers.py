@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -342,6 +343,12 @@ async def test_workers_that_crash_at_start_in_a_loop_make_the_supervisor_give_up
     assert "Traceback" not in log
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
 def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as sock:
@@ -354,18 +361,28 @@ def _ipv6_loopback() -> bool:
 async def test_workers_0_is_one_per_core(
     tmp_path: Path, redis1: list[RedisNode], session: aiohttp.ClientSession
 ) -> None:
-    server = Server(tmp_path, redis1, "shutdown_grace_ms = 0")
+    metrics_port = free_port()
+    server = Server(
+        tmp_path, redis1, "shutdown_grace_ms = 0", f'metrics_listen = "127.0.0.1:{metrics_port}"'
+    )
     if _ipv6_loopback():  # and an IPv6 address, which SO_REUSEPORT serves as well
         server.host = "::1"
         server.lines[0] = f'listen = "[::1]:{server.port}"'
+    orphan = Path(tempfile.gettempdir()) / "fencegate-workers-test-orphan"
+    orphan.mkdir(exist_ok=True)
+    (orphan / "workers").write_text(f"{_dead_pid()}\n")  # as a SIGKILLed supervisor leaves it
     server.start("--workers", "0")
     cores = len(os.sched_getaffinity(0))
     try:
         await server.listening(cores)
         assert f"starting {cores} workers" in server.text()
+        assert not orphan.exists()
         async with session.get(server.url + "/readyz") as response:
             assert response.status == 200
-        assert (await scrape(session, server.url))[("fencegate_workers", "")] == cores
+        async with session.get(server.url + "/metrics") as response:
+            assert response.status == 404  # metrics_listen: on that address alone
+        metrics = await scrape(session, f"http://127.0.0.1:{metrics_port}")
+        assert metrics[("fencegate_workers", "")] == cores
         assert server.proc is not None
         server.proc.send_signal(signal.SIGINT)  # Ctrl-C drains as SIGTERM does
         assert await server.exited() == 0
