@@ -301,13 +301,14 @@ def _document() -> dict[str, Any]:
             "/v1/stats/hot": {
                 "get": {
                     "operationId": "stats_hot",
-                    "summary": "The most contended locks of this gateway process, lately",
+                    "summary": "The most contended locks of this gateway, lately",
                     "description": (
                         "Top names by time spent waiting and by number of waits over a "
                         "sliding window, in bounded memory (counts of rarely contended "
                         "names may be dropped, so counts are lower bounds). Each gateway "
-                        "process reports what its own clients waited for. With [auth], "
-                        "any valid key may read it."
+                        "reports what its own clients waited for; the workers of one "
+                        "`fencegate serve --workers N` are one gateway (the others' counts "
+                        "up to a second old). With [auth], any valid key may read it."
                     ),
                     "parameters": [
                         {
