@@ -485,3 +485,30 @@ def test_hot_snapshots_of_other_workers_add_to_this_ones() -> None:
     by_time = mine.top(5, others=[snapshot])
     assert [(h.name, h.wait_seconds) for h in by_time] == [("a", 2.25), ("b", 2.0)]
     assert [h.waits for h in mine.top(5)] == [3]  # alone: this worker's own counts
+
+
+async def test_workers_drain_and_exit_when_the_supervisor_is_killed(
+    tmp_path: Path, redis1: list[RedisNode]
+) -> None:
+    server = Server(tmp_path, redis1, "workers = 2", "shutdown_grace_ms = 0").start()
+    try:
+        await server.listening(2)
+        assert server.proc is not None
+        server.proc.kill()  # SIGKILL: the supervisor cannot pass anything on
+        server.proc.wait()
+        deadline = time.monotonic() + 20
+        for pid in server.workers().values():
+            while b"Z" not in _state(pid):  # gone, or a zombie: it exited
+                assert time.monotonic() < deadline, f"worker {pid} outlived its supervisor"
+                await asyncio.sleep(0.05)
+    finally:
+        server.stop()
+    assert server.text().count(") stopped") == 2  # each drained: "worker N (pid P) stopped"
+
+
+def _state(pid: int) -> bytes:
+    """The state field of /proc/PID/stat; "Z" once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2][:3]
+    except OSError:
+        return b"Z"
