@@ -23,8 +23,8 @@ counters and histograms are summed over the workers, ``leases_held`` and
 maximum over the live workers: 1 for every state that some worker sees a node
 in. ``leases_held`` is then refreshed every second (``refresh``) rather than at
 each scrape. ``process_*`` are summed over the supervisor and its workers, and
-``fencegate_workers`` counts the live workers; ``python_gc_*`` are per process
-and not exported then.
+``fencegate_workers`` counts the live workers and ``fencegate_worker_restarts_total``
+the workers started again; ``python_gc_*`` are per process and not exported then.
 
 Hold time and leases held are what this gateway replica saw: a lease granted
 here and released here (hold time), or granted here and neither released

@@ -11,7 +11,8 @@ every worker as ``PROMETHEUS_MULTIPROC_DIR`` and removes it at exit. In it:
 * ``hot-<pid>.json``: the worker's hot-lock snapshot (``gateway/hotlocks.py``),
   rewritten every ``SYNC_INTERVAL`` seconds.
 * ``ready-<pid>``: the worker listens; ``workers``: the supervisor's pid and
-  the live workers' pids, one a line, for the ``process_*`` metrics.
+  the live workers' pids, one a line, for the ``process_*`` metrics;
+  ``restarts``: how many workers the supervisor started again.
 
 When a worker dies the supervisor calls ``forget(pid)``: its live gauges,
 snapshot and ready mark go; its counters stay.
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from prometheus_client import PLATFORM_COLLECTOR, CollectorRegistry, ProcessCollector
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
@@ -36,6 +37,7 @@ __all__ = ["SYNC_INTERVAL", "SharedDir", "scrape_registry"]
 SYNC_INTERVAL: Final = 1.0
 """Seconds between a worker's updates of its hot-lock snapshot and time-based gauges."""
 _PIDS: Final = "workers"
+_RESTARTS: Final = "restarts"
 
 
 class SharedDir:
@@ -58,6 +60,15 @@ class SharedDir:
         for name in (f"hot-{pid}.json", f"ready-{pid}"):
             with contextlib.suppress(FileNotFoundError):
                 (self.path / name).unlink()
+
+    def count_restart(self) -> None:
+        self._write(_RESTARTS, str(self.restarts() + 1))
+
+    def restarts(self) -> int:
+        try:
+            return int((self.path / _RESTARTS).read_text())
+        except (OSError, ValueError):
+            return 0
 
     def is_ready(self, pid: int) -> bool:
         return (self.path / f"ready-{pid}").exists()
@@ -140,6 +151,11 @@ class _ServerProcessCollector(Collector):
         yield from totals.values()
         yield GaugeMetricFamily(
             "fencegate_workers", "Gateway worker processes running now", max(0, len(pids) - 1)
+        )
+        yield CounterMetricFamily(
+            "fencegate_worker_restarts",
+            "Workers the supervisor started again after they exited on their own",
+            self._shared.restarts(),
         )
 
 

@@ -241,6 +241,7 @@ class _Supervisor:
                     )
                 delay = min(_BACKOFF_FIRST * 2 ** (self._quick - 1), _BACKOFF_MAX)
             log.warning("%s; starting it again in %.2f s", what, delay)
+            self._shared.count_restart()
             await asyncio.sleep(delay)
 
     async def _spawn(self, index: int) -> asyncio.subprocess.Process:

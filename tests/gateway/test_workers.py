@@ -169,6 +169,7 @@ async def test_two_workers_both_serve_and_one_scrape_adds_their_counters(
         granted = ("fencegate_lock_acquisitions_total", "result=granted")
         assert metrics[granted] == 8
         assert metrics[("fencegate_workers", "")] == 2
+        assert metrics[("fencegate_worker_restarts_total", "")] == 0
         assert metrics[("process_cpu_seconds_total", "")] > 0
 
         deadline = time.monotonic() + 10  # leases_held is refreshed every second per worker
@@ -303,6 +304,7 @@ async def test_a_killed_worker_is_restarted_and_its_counts_stay(
         metrics = await scrape(session, server.url)
         assert metrics[INSPECT] == 20  # the dead worker's requests still count
         assert metrics[("fencegate_workers", "")] == 2
+        assert metrics[("fencegate_worker_restarts_total", "")] == 1
         assert server.proc is not None
         server.proc.send_signal(signal.SIGTERM)
         assert await server.exited() == 0
