@@ -6,7 +6,9 @@ script (``CYCLE_LUA``) doing lock cycles on distinct names: ``POST
 /v1/locks/{name}``, then ``DELETE`` with the lease id it got. wrk costs a few
 microseconds of CPU per request, the gateway about a millisecond, so on this
 2-core machine the gateway is the bottleneck. The locks live on three
-redis-server nodes of the run's own (``tests._servers.RedisNode``).
+redis-server nodes of the run's own, on unix sockets (``--tcp``: loopback TCP,
+``tests._servers.RedisNode``): Redis, wrk and the gateway share the same two
+cores, and the cheaper Redis's share, the more of them the gateway can use.
 
 Each round starts a fresh gateway for each case (1 worker, then 2, or the
 other way round on every second round), warms it up, then measures: cycles
@@ -17,9 +19,10 @@ to 1 per round, and how busy the machine was with other work.
 
     .venv/bin/python -m benchmarks.workers             # 4 rounds of 10 s per case
     .venv/bin/python -m benchmarks.workers --quick     # 1 round of 3 s: a smoke run
+    .venv/bin/python -m benchmarks.workers --tcp       # Redis over loopback TCP
 
 Results: printed, and written to benchmarks/results/workers.md and workers.json
-(workers-quick.* with --quick).
+(workers-tcp.* with --tcp, workers-quick.* with --quick).
 """
 
 from __future__ import annotations
@@ -94,6 +97,42 @@ end
 """
 
 
+class UnixRedis:
+    """A redis-server on a unix socket only (no TCP): the cheapest transport on one host."""
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.socket = workdir / "redis.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> None:
+        args = [
+            shutil.which("redis-server") or "/usr/bin/redis-server",
+            "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+            "--dir", str(self.workdir), "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--logfile", str(self.workdir / "redis.log"),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"redis-server did not start; see {self.workdir}/redis.log")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+Redis = RedisNode | UnixRedis
+
+
 def ensure_wrk() -> str:
     """The path of ``wrk``; installs the Debian package when missing and running as root."""
     found = shutil.which("wrk")
@@ -150,7 +189,7 @@ class Server:
         return sum(_ticks(pid) for pid in self.pids())
 
 
-def start_server(workers: int, redis: list[RedisNode], tmp: Path) -> Server:
+def start_server(workers: int, redis: list[Redis], tmp: Path) -> Server:
     port = free_port()
     config = tmp / f"fencegate-{workers}.toml"
     urls = ", ".join(f'"{node.url}"' for node in redis)
@@ -214,7 +253,7 @@ def run_wrk(wrk: str, script: Path, port: int, seconds: float, tag: str) -> dict
 
 
 def measure(
-    wrk: str, script: Path, server: Server, redis: list[RedisNode], args: argparse.Namespace
+    wrk: str, script: Path, server: Server, redis: list[Redis], args: argparse.Namespace
 ) -> dict[str, Any]:
     tag = f"{server.workers}w{time.monotonic_ns()}"
     run_wrk(wrk, script, server.port, args.warmup, tag + "warm")
@@ -256,6 +295,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--tcp", action="store_true", help="Redis over loopback TCP (default: unix sockets)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds, args.warmup = 1, 3.0, 1.0
@@ -266,7 +308,10 @@ def main() -> None:
         tmp = Path(tmp_name)
         script = tmp / "cycle.lua"
         script.write_text(CYCLE_LUA)
-        redis = [RedisNode(tmp / f"redis{i}") for i in range(3)]
+        redis: list[Redis] = [
+            RedisNode(tmp / f"redis{i}") if args.tcp else UnixRedis(tmp / f"redis{i}")
+            for i in range(3)
+        ]
         try:
             for node in redis:
                 node.start()
@@ -325,6 +370,7 @@ def build_report(
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}",
         "rounds": args.rounds,
+        "redis_transport": "tcp" if args.tcp else "unix",
         "seconds": args.seconds,
         "connections": CONNECTIONS,
         "load_before": load_before,
@@ -346,7 +392,7 @@ def build_report(
 
 
 def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
-    name = "workers-quick" if args.quick else "workers"
+    name = "workers" + ("-tcp" if args.tcp else "") + ("-quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
 
@@ -362,8 +408,9 @@ def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
         f"{' --quick' if args.quick else ''}`: {report['rounds']} rounds of "
         f"{report['seconds']:.0f} s per case (order alternating), wrk with 1 thread and "
         f"{report['connections']} connections doing POST lock + DELETE release cycles on "
-        "distinct names, 3 redis-server nodes on the same machine. Medians over rounds "
-        "(min-max).",
+        "distinct names, 3 redis-server nodes on the same machine (over "
+        f"{'loopback TCP' if report['redis_transport'] == 'tcp' else 'unix sockets'}). "
+        "Medians over rounds (min-max).",
         "",
         "| | 1 worker | 2 workers |",
         "| --- | --- | --- |",
