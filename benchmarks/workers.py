@@ -59,7 +59,7 @@ function setup(thread)
   table.insert(threads, thread)
 end
 local pending, count = {}, 0
-acquired, released, other, run = 0, 0, 0, "0"
+acquired, released, other, run, codes = 0, 0, 0, "0", {}
 function init(args)
   run = args[1] or "0"
 end
@@ -83,16 +83,21 @@ function response(status, headers, body)
     released = released + 1
   else
     other = other + 1
+    local code = tostring(status)
+    codes[code] = (codes[code] or 0) + 1
   end
 end
 function done(summary, latency, requests)
-  local a, r, o = 0, 0, 0
+  local a, r, o, seen = 0, 0, 0, {}
   for _, t in ipairs(threads) do
     a = a + t:get("acquired"); r = r + t:get("released"); o = o + t:get("other")
+    for code, n in pairs(t:get("codes")) do seen[#seen + 1] = '"' .. code .. '": ' .. n end
   end
   io.write(string.format('RESULT {"acquired": %d, "released": %d, "other": %d, ' ..
-    '"p50_ms": %.3f, "p99_ms": %.3f}\n', a, r, o,
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+    '"codes": {%s}, "errors": %d, "p50_ms": %.3f, "p99_ms": %.3f}\n', a, r, o,
+    table.concat(seen, ", "),
+    summary.errors.connect + summary.errors.read + summary.errors.write +
+    summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(99) / 1000))
 end
 """
 
@@ -279,6 +284,8 @@ def measure(
         / elapsed,
         "machine_cores": cores,
         "refused": result["other"],
+        "refused_codes": result["codes"],
+        "socket_errors": result["errors"],
         "p50_ms": result["p50_ms"],
         "p99_ms": result["p99_ms"],
     }
@@ -363,6 +370,12 @@ def build_report(
             )
         }
         cases[str(workers)]["refused"] = sum(r["refused"] for r in rows)
+        codes: dict[str, int] = {}
+        for row in rows:
+            for code, n in row["refused_codes"].items():
+                codes[code] = codes.get(code, 0) + n
+        cases[str(workers)]["refused_codes"] = codes
+        cases[str(workers)]["socket_errors"] = sum(r["socket_errors"] for r in rows)
     speedups = [r[2]["cycles_per_s"] / r[1]["cycles_per_s"] for r in per_round]
     cpu = [r[2]["gateway_cpu_us_per_cycle"] / r[1]["gateway_cpu_us_per_cycle"] for r in per_round]
     return {
@@ -400,7 +413,22 @@ def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
         s = report["cases"][case][key]
         return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
 
+    def refused(case: str) -> str:
+        c = report["cases"][case]
+        codes = ", ".join(f"{n} x {code}" for code, n in sorted(c["refused_codes"].items()))
+        return f"{c['refused']}{f' ({codes})' if codes else ''}; {c['socket_errors']}"
+
     speed, cpu = report["speedup_2_over_1"], report["cpu_per_cycle_2_over_1"]
+    other = max(report["cases"][c]["other_cores"]["median"] for c in ("1", "2"))
+    if other > 0.2:
+        load = (
+            f"**Other work loaded the machine**: it used a median of up to {other:.2f} of "
+            "the 2 cores during the measurements (row above), so the gateway got less than "
+            "the cores a quiet machine gives it; read the throughput ratio with that in "
+            "mind. CPU per cycle is measured per process and moves less with load."
+        )
+    else:
+        load = f"Other work on the machine used at most {other:.2f} cores (median)."
     lines = [
         "# `fencegate serve --workers`: 1 vs 2 workers",
         "",
@@ -428,12 +456,13 @@ def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
         f"| request latency p50 / p99 ms | {cell('1', 'p50_ms', '{:.1f}')} / "
         f"{cell('1', 'p99_ms', '{:.1f}')} | {cell('2', 'p50_ms', '{:.1f}')} / "
         f"{cell('2', 'p99_ms', '{:.1f}')} |",
-        f"| answers other than 200/204 | {report['cases']['1']['refused']} | "
-        f"{report['cases']['2']['refused']} |",
+        f"| answers other than 200/204; socket errors | {refused('1')} | {refused('2')} |",
         "",
         f"2 workers / 1 worker, per round: throughput **{speed['median']:.2f}x** "
         f"({speed['min']:.2f}-{speed['max']:.2f}; target ≥ 1.6x), gateway CPU per cycle "
         f"**{cpu['median']:.2f}x** ({cpu['min']:.2f}-{cpu['max']:.2f}; target ≤ 1.0x).",
+        "",
+        load,
         "",
         f"Load average before the run: {', '.join(f'{v:.2f}' for v in report['load_before'])}.",
     ]
