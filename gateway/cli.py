@@ -2,7 +2,8 @@
 
 ::
 
-    fencegate serve [--config F] [--listen H:P] [--redis URL ... | --group URL,URL,URL ...] [--workers N]
+    fencegate serve [--config F] [--listen H:P] [--workers N]
+                    [--redis URL ... | --group URL,URL,URL ...]
     fencegate check-config F
     fencegate lock NAME [--ttl-ms N] [--wait-ms N] [--shared] [--idempotency-key K]
     fencegate semaphore NAME --permits N [--ttl-ms N] [--wait-ms N] [--idempotency-key K]
