@@ -262,8 +262,11 @@ R22 lockservice/test_kinds: shared_leases_hold_together_and_exclude_an_exclusive
     a_semaphore_holds_up_to_its_permits_..., expired_members_leave_the_group,
     an_undo_of_a_member_names_its_token, raise_fence_counts_a_group_only_for_its_
     members; model: without_the_rule (R22), every_invariant_holds_for_shared_...
-R23 test_kinds: shared_leases_hold_together_..., a_shared_lock_never_locked_before_
-    gets_a_first_token; model: every_invariant_holds_for_shared_locks_...
+R23 gateway/test_shared_lock_fencing: a_late_exclusive_write_is_refused_after_a_
+    shared_read (fails with shared grants reusing the counter; also shows that
+    DESIGN's "newest issued" token lets the late write through); test_kinds:
+    shared_leases_hold_together_..., a_shared_lock_never_locked_before_gets_a_
+    first_token; model: every_invariant_holds_for_shared_locks_...
 R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens;
     test_kinds_invariants (I2)
 R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests,
