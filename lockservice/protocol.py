@@ -142,8 +142,12 @@ R23 Every grant issues a new token, a shared one too (R1): a node orders its
     grants by token (R11-R13 compare them), so two grants on a node must not
     share one. A shared lease's token is thus the newest issued for the name
     at its grant (the max of its quorum's counters, raised by round 2 when
-    they differ, R4) and a later exclusive grant's is larger (R3, R4)
-    (``queue.lua: grant``, ``memory._token``).                          [I2, I6]
+    they differ, R4) and a later exclusive grant's is larger (R3, R4). It is
+    also what makes a read lock protect a read: a shared reader's fenced read
+    raises the store's mark above the token of an exclusive holder that paused
+    past its ttl, whose late write is then refused; with the exclusive's own
+    token (DESIGN's first wording) it would pass (``queue.lua: grant``,
+    ``memory._token``).                                                 [I2, I6]
 R24 A semaphore grant, like an exclusive one, issues a new token (R1); grants
     whose acquires overlap may share a token (the max of different quorums'
     counters), so a semaphore's token orders its holders' writes but does not
