@@ -211,8 +211,8 @@ Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 (``waiter.py``) and the client and resync steps (``protocol_model.py``); its
 README has the table rule -> model step -> counterexample. Rules whose switch
-gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22 (R10,
-R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14, R23 are modelled, but no
+gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22, R23
+(R10, R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
 counterexample was found within the bounds searched. R27-R31 (Redlock groups)
 are not in the model: their counterexamples are tests on real nodes.
 
@@ -270,7 +270,8 @@ R23 gateway/test_shared_lock_fencing: a_late_exclusive_write_is_refused_after_a_
     shared_read (fails with shared grants reusing the counter; also shows that
     DESIGN's "newest issued" token lets the late write through); test_kinds:
     shared_leases_hold_together_..., a_shared_lock_never_locked_before_gets_a_
-    first_token; model: every_invariant_holds_for_shared_locks_...
+    first_token; model: without_the_rule (R23, I2), every_invariant_holds_for_
+    shared_locks_...
 R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens;
     test_kinds_invariants (I2)
 R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests,

@@ -109,9 +109,9 @@ class Model:
         if valid_until <= s.now:  # took longer than the ttl: undo, try again
             return self._client(self._undo(s, c, give_up=False), c, phase="waiting")
         cl = s.clients[c]
-        shared = self.kinds.of((c, 0)) == "shared"  # I6: never below, may equal
-        below = token < cl.floor if shared else token <= cl.floor
-        if self.b.modes and below and not s.broken:
+        # I2 for every kind, shared too (R23): above every lease completed before the
+        # acquire began, so that a shared reader's fenced read fences out their late writes
+        if self.b.modes and token <= cl.floor and not s.broken:
             s = s._replace(broken=f"I2: lease {(c, cl.acquires)} got token {token} <= {cl.floor}")
         s = s._replace(leases=(*s.leases, token))
         return self._client(
