@@ -492,6 +492,7 @@ async def run_case(
         "srv_ms": None,
         "store_ms": None,
         "errors": sum(errors.values()),
+        "ops": ops,
     }
     if srv0 is not None and srv1 is not None:
         d = [b - a for a, b in zip(srv0, srv1, strict=True)]

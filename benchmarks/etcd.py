@@ -1,0 +1,670 @@
+"""fencegate against etcd, the service its users would otherwise pick for locks.
+
+One run, one load generator (this process: aiohttp, one pooled session, uvloop)
+against both sides:
+
+* fencegate: one gateway process (``python -m gateway serve``) on three
+  redis-server nodes of the run's own, and the PostgreSQL at
+  ``$FENCEGATE_TEST_PG_DSN`` for the fenced write (a schema of the run's own);
+* etcd: a 3-member cluster on loopback (free ports, temp data dirs), once with
+  its WAL fsync (etcd's default) and once with ``--unsafe-no-fsync`` (the
+  Redis nodes keep nothing on disk either), reached through etcd's JSON
+  gateway (the v3 API over HTTP: ``/v3/lease/grant``, ``/v3/lock/lock``,
+  ``/v3/lock/unlock``, ``/v3/kv/txn``).
+
+etcd's locks are taken the way its users take them: one lease per client
+session (granted before a case, revoked after it), and a lock + unlock per
+cycle. Workers go round-robin to the members, as clientv3 does with all three
+endpoints; the one-client case talks to the leader, etcd's best case.
+
+Scenarios: one client acquire + release; 32 clients on distinct names; 8
+workers contending for one name with a 1 ms hold (critical sections/s, the
+wait from asking to being granted: p50/p99/max, the busiest worker's share);
+a fenced write, 32 clients each holding its own lock, 256-byte values
+(fencegate ``PUT`` with ``X-Fencing-Token`` to PostgreSQL; etcd a ``Txn``
+comparing the lock key's create revision, then a put).
+
+Server CPU per op is read from /proc (utime + stime) of every server process:
+fencegate's gateway and Redis nodes, and for the write the PostgreSQL backends
+of the gateway's pool (found by ``application_name``); etcd's three members.
+On a small shared machine that ratio survives neighbours better than rates.
+Cases alternate their order from round to round; a cell is the median over the
+rounds, a ratio the median of per-round ratios with its min..max.
+
+etcd is a bench-only dependency, from Debian's packages: when ``etcd`` is not on
+the PATH, the script runs ``apt-get install -y etcd-server etcd-client`` as root
+(or through sudo), or prints that command and stops.
+
+    .venv/bin/python -m benchmarks.etcd            # full run (about 6 minutes)
+    .venv/bin/python -m benchmarks.etcd --quick    # a short smoke run
+
+Results: printed, and written to benchmarks/results/etcd.md and etcd.json
+(etcd-quick.md and .json with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import asyncpg
+import uvloop
+
+from benchmarks.gateway import (
+    CLK_TCK,
+    PG_DSN,
+    Case,
+    Gateway,
+    Refused,
+    _expect,
+    _rounded,
+    combine,
+    http_lock_case,
+    http_put_case,
+    pct,
+    run_case,
+    start_gateway,
+)
+from gateway.config import redact
+from tests._servers import RedisNode, free_port
+
+RESULTS: Final = Path(__file__).resolve().parent / "results"
+CLIENTS: Final = 32
+CONTENDERS: Final = 8
+HOLD: Final = 0.001
+POOL: Final = 10
+FENCEGATE: Final = "fencegate (3 Redis nodes)"
+ETCD: Final = "etcd 3-member, fsync"
+ETCD_NOFSYNC: Final = "etcd 3-member, --unsafe-no-fsync"
+INSTALL: Final = ["apt-get", "install", "-y", "etcd-server", "etcd-client"]
+
+
+def _b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode()
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of one process, in seconds; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def ensure_etcd() -> str:
+    """The etcd binary; installs Debian's etcd-server when missing and allowed to."""
+    found = shutil.which("etcd")
+    if found:
+        return found
+    if os.geteuid() == 0:
+        argv = INSTALL
+    elif shutil.which("sudo"):
+        argv = ["sudo", "-n", *INSTALL]
+    else:
+        raise SystemExit(f"etcd is not installed; as root run: {' '.join(INSTALL)}")
+    print(f"etcd is not installed; running {' '.join(argv)}", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.run(argv, env=env, check=False).returncode != 0 or not shutil.which("etcd"):
+        raise SystemExit(f"could not install etcd; as root run: {' '.join(INSTALL)}")
+    return str(shutil.which("etcd"))
+
+
+# ---------------------------------------------------------------- etcd cluster
+@dataclass
+class EtcdCluster:
+    """Three etcd members on loopback, each its own process and data dir."""
+
+    binary: str
+    workdir: Path
+    fsync: bool
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    api: str = "/v3"
+    leader: str = ""
+    version: str = ""
+
+    def start(self) -> None:
+        peers = [free_port() for _ in range(3)]
+        clients = [free_port() for _ in range(3)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
+        token = f"fg-bench-{uuid.uuid4().hex[:8]}"
+        for i in range(3):
+            data = self.workdir / f"m{i}"
+            data.mkdir(parents=True)
+            argv = [
+                self.binary, "--name", f"m{i}", "--data-dir", str(data),
+                "--listen-peer-urls", f"http://127.0.0.1:{peers[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peers[i]}",
+                "--listen-client-urls", f"http://127.0.0.1:{clients[i]}",
+                "--advertise-client-urls", f"http://127.0.0.1:{clients[i]}",
+                "--initial-cluster", initial, "--initial-cluster-state", "new",
+                "--initial-cluster-token", token, "--log-level", "error",
+            ]  # fmt: skip
+            if not self.fsync:
+                argv.append("--unsafe-no-fsync")
+            with open(self.workdir / f"m{i}.log", "wb") as log:
+                self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+            self.urls.append(f"http://127.0.0.1:{clients[i]}")
+
+    async def ready(self, http: aiohttp.ClientSession) -> None:
+        """Wait for every member's /health, find the API prefix (3.4: /v3) and the leader."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        pending = list(self.urls)
+        while pending and loop.time() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"an etcd member exited; see {self.workdir}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with http.get(f"{pending[0]}/health") as r:
+                    if r.status == 200 and json.loads(await r.read()).get("health") == "true":
+                        pending.pop(0)
+                        continue
+            await asyncio.sleep(0.1)
+        if pending:
+            raise RuntimeError(f"etcd not healthy in 30 s; see {self.workdir}")
+        for prefix in ("/v3", "/v3beta"):
+            async with http.post(f"{self.urls[0]}{prefix}/maintenance/status", json={}) as r:
+                if r.status == 200:
+                    self.api = prefix
+                    break
+        else:
+            raise RuntimeError("etcd serves neither /v3 nor /v3beta")
+        for url in self.urls:
+            got = await self.call(http, url, "/maintenance/status", {})
+            self.version = got.get("version", "?")
+            if got["leader"] == got["header"]["member_id"]:
+                self.leader = url
+
+    async def call(
+        self, http: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        async with http.post(f"{url}{self.api}{path}", json=body) as r:
+            raw = await _expect(r, 200)
+        got: dict[str, Any] = json.loads(raw)
+        if "error" in got:
+            raise Refused(r.status, raw)
+        return got
+
+    def member(self, i: int) -> str:
+        return self.urls[i % len(self.urls)]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@dataclass
+class Sessions:
+    """One etcd lease per client session, granted before a case and revoked after it."""
+
+    http: aiohttp.ClientSession
+    etcd: EtcdCluster
+    count: int
+    ttl: int
+    ids: list[str] = field(default_factory=list)
+
+    def url(self, i: int) -> str:
+        return self.etcd.leader if self.count == 1 else self.etcd.member(i)
+
+    async def grant(self) -> None:
+        async def one(i: int) -> str:
+            got = await self.etcd.call(self.http, self.url(i), "/lease/grant", {"TTL": self.ttl})
+            return str(got["ID"])
+
+        self.ids = await asyncio.gather(*(one(i) for i in range(self.count)))
+
+    async def revoke(self) -> None:
+        async def one(i: int) -> None:
+            with contextlib.suppress(Refused, aiohttp.ClientError):
+                await self.etcd.call(self.http, self.url(i), "/lease/revoke", {"ID": self.ids[i]})
+
+        await asyncio.gather(*(one(i) for i in range(len(self.ids))))
+        self.ids = []
+
+
+# ---------------------------------------------------------------- cases
+@dataclass
+class Waits:
+    """What the contention case records in its measured window: waits and owners."""
+
+    waits: list[float] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.waits.clear()
+        self.owners.clear()
+
+    def row(self) -> dict[str, Any]:
+        counts = Counter(self.owners)
+        return {
+            "wait_p50_ms": pct(self.waits, 0.5) * 1e3,
+            "wait_p99_ms": pct(self.waits, 0.99) * 1e3,
+            "wait_max_ms": max(self.waits, default=float("nan")) * 1e3,
+            "top_share": max(counts.values(), default=0) / max(len(self.owners), 1),
+        }
+
+
+def etcd_lock_case(label: str, http: aiohttp.ClientSession, etcd: EtcdCluster, n: int) -> Case:
+    """lock + unlock of a name per cycle, each client its own lease (session)."""
+    sessions = Sessions(http, etcd, n, ttl=120)
+    names = [_b64("bench/one")] if n == 1 else [_b64(f"bench/w{i}") for i in range(n)]
+
+    async def op(i: int) -> None:
+        url = sessions.url(i)
+        got = await etcd.call(http, url, "/lock/lock", {"name": names[i], "lease": sessions.ids[i]})
+        await etcd.call(http, url, "/lock/unlock", {"key": got["key"]})
+
+    return Case(label, n, op, setup=sessions.grant, teardown=sessions.revoke)
+
+
+def etcd_contention_case(
+    label: str, http: aiohttp.ClientSession, etcd: EtcdCluster, waits: Waits
+) -> Case:
+    sessions = Sessions(http, etcd, CONTENDERS, ttl=120)
+    name = _b64("bench/hot")
+
+    async def op(i: int) -> None:
+        url = sessions.url(i)
+        t0 = time.perf_counter()
+        got = await etcd.call(http, url, "/lock/lock", {"name": name, "lease": sessions.ids[i]})
+        waits.waits.append(time.perf_counter() - t0)
+        waits.owners.append(i)
+        await asyncio.sleep(HOLD)
+        await etcd.call(http, url, "/lock/unlock", {"key": got["key"]})
+
+    return Case(label, CONTENDERS, op, setup=sessions.grant, teardown=sessions.revoke)
+
+
+def fencegate_contention_case(
+    label: str, http: aiohttp.ClientSession, gw: Gateway, waits: Waits
+) -> Case:
+    url = f"{gw.url}/v1/locks/bench/hot"
+    body = json.dumps({"ttl_ms": 10_000, "wait_ms": 10_000}).encode()
+    json_type = {"Content-Type": "application/json"}
+
+    async def op(i: int) -> None:
+        t0 = time.perf_counter()
+        async with http.post(url, data=body, headers=json_type) as r:
+            lease_id = json.loads(await _expect(r, 200))["lease_id"]
+        waits.waits.append(time.perf_counter() - t0)
+        waits.owners.append(i)
+        await asyncio.sleep(HOLD)
+        async with http.delete(url, headers={"X-Lease-Id": lease_id}) as r:
+            await _expect(r, 204)
+
+    return Case(label, CONTENDERS, op, gateway=gw)
+
+
+def etcd_put_case(label: str, http: aiohttp.ClientSession, etcd: EtcdCluster, body: bytes) -> Case:
+    """Each client holds its lock; a write is a Txn: lock key still there, then put."""
+    sessions = Sessions(http, etcd, CLIENTS, ttl=120)
+    keys: list[str] = []
+    value = _b64(body)
+
+    async def setup() -> None:
+        await sessions.grant()
+
+        async def one(i: int) -> str:
+            req = {"name": _b64(f"pg/bench/c{i}"), "lease": sessions.ids[i]}
+            got = await etcd.call(http, sessions.url(i), "/lock/lock", req)
+            return str(got["key"])
+
+        keys[:] = await asyncio.gather(*(one(i) for i in range(CLIENTS)))
+
+    async def teardown() -> None:
+        await sessions.revoke()  # revoking the lease deletes its lock keys
+
+    async def op(i: int) -> None:
+        txn = {
+            "compare": [{"key": keys[i], "target": "CREATE", "result": "GREATER",
+                         "create_revision": "0"}],
+            "success": [{"request_put": {"key": _b64(f"bench/c{i}"), "value": value}}],
+        }  # fmt: skip
+        got = await etcd.call(http, sessions.url(i), "/kv/txn", txn)
+        if not got.get("succeeded"):
+            raise Refused(409, b'{"error": "lock_lost"}')
+
+    return Case(label, CLIENTS, op, setup=setup, teardown=teardown)
+
+
+# ---------------------------------------------------------------- server CPU
+@dataclass
+class Servers:
+    """The processes whose CPU one side's cases are charged with."""
+
+    pids: Callable[[], Awaitable[list[int]]]
+    cpu0: dict[int, float] = field(default_factory=dict)
+    cpu: float = 0.0
+
+    async def begin(self) -> None:
+        self.cpu0 = {pid: proc_cpu(pid) for pid in await self.pids()}
+
+    async def end(self) -> None:
+        now = {pid: proc_cpu(pid) for pid in await self.pids()}
+        self.cpu = sum(c - self.cpu0.get(pid, 0.0) for pid, c in now.items())
+
+
+def fixed(pids: Iterable[int]) -> Callable[[], Awaitable[list[int]]]:
+    listed = list(pids)
+
+    async def get() -> list[int]:
+        return listed
+
+    return get
+
+
+async def measure(
+    case: Case,
+    http: aiohttp.ClientSession,
+    servers: Servers,
+    seconds: float,
+    warm_ops: int,
+    waits: Waits | None,
+) -> dict[str, Any]:
+    async def begin() -> None:
+        if waits is not None:
+            waits.clear()
+        await servers.begin()
+
+    row = await run_case(case, http, seconds, warm_ops, window=(begin, servers.end))
+    ops = row["ops"]
+    row["server_cpu_us"] = servers.cpu / ops * 1e6 if ops else None
+    if waits is not None:
+        row.update(waits.row())
+    return row
+
+
+# ---------------------------------------------------------------- driver
+Entry = tuple[str, Case, Servers, Waits | None]  # a side of a scenario: label, case, CPU
+
+
+async def main(args: argparse.Namespace) -> None:
+    binary = ensure_etcd()
+    workdir = Path(tempfile.mkdtemp(prefix="fencegate-etcdbench-"))
+    nodes = [RedisNode(workdir / f"redis{i}") for i in range(3)]
+    clusters = {
+        ETCD: EtcdCluster(binary, workdir / "etcd-fsync", fsync=True),
+        ETCD_NOFSYNC: EtcdCluster(binary, workdir / "etcd-nofsync", fsync=False),
+    }
+    schema = f"fg_etcdbench_{uuid.uuid4().hex[:10]}"
+    app_name = schema  # the gateway's PostgreSQL backends carry it: their CPU is fencegate's
+    dsn = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}application_name={app_name}"
+    body = bytes(i % 251 for i in range(args.body_bytes))
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, uvloop",
+        "seconds_per_case": args.seconds,
+        "rounds": args.rounds,
+        "body_bytes": args.body_bytes,
+        "postgres": redact(PG_DSN),
+    }
+    conn = await asyncpg.connect(PG_DSN)
+    gw: Gateway | None = None
+    http: aiohttp.ClientSession | None = None
+    try:
+        for node in nodes:
+            node.start()
+        for cluster in clusters.values():
+            cluster.start()
+        connector = aiohttp.TCPConnector(limit=2 * CLIENTS, limit_per_host=2 * CLIENTS)
+        http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30))
+        for cluster in clusters.values():
+            await cluster.ready(http)
+        results["etcd"] = {"version": clusters[ETCD].version, "api": clusters[ETCD].api}
+        stores = {"pg": {"type": "postgres", "dsn": dsn, "schema": schema, "pool_max": POOL}}
+        gw = await start_gateway(http, workdir, "etcd-bench", [n.url for n in nodes], stores)
+        redis_pids = [n.proc.pid for n in nodes if n.proc is not None]
+
+        async def pg_backends() -> list[int]:
+            rows = await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app_name
+            )
+            return [r["pid"] for r in rows]
+
+        async def fencegate_put_pids() -> list[int]:
+            return [gw.proc.pid, *redis_pids, *await pg_backends()]
+
+        fg_servers = Servers(fixed([gw.proc.pid, *redis_pids]))
+        fg_put_servers = Servers(fencegate_put_pids)
+        etcd_servers = {k: Servers(fixed(c.pids())) for k, c in clusters.items()}
+        waits = Waits()
+        ttl_ms = int((args.seconds + 60) * 1000)
+
+        scenarios: dict[str, list[Entry]] = {
+            "one_client": [(FENCEGATE, http_lock_case(FENCEGATE, http, gw, 1), fg_servers, None)],
+            "32_clients": [
+                (FENCEGATE, http_lock_case(FENCEGATE, http, gw, CLIENTS), fg_servers, None)
+            ],
+            "contention": [
+                (FENCEGATE, fencegate_contention_case(FENCEGATE, http, gw, waits), fg_servers,
+                 waits)
+            ],
+            "fenced_write": [
+                (FENCEGATE, http_put_case(FENCEGATE, http, gw, "pg", body, fenced=True,
+                                          ttl_ms=ttl_ms, workers=CLIENTS), fg_put_servers, None)
+            ],
+        }  # fmt: skip
+        for label, cluster in clusters.items():
+            srv = etcd_servers[label]
+            scenarios["one_client"].append((label, etcd_lock_case(label, http, cluster, 1), srv,
+                                            None))  # fmt: skip
+            scenarios["32_clients"].append(
+                (label, etcd_lock_case(label, http, cluster, CLIENTS), srv, None)
+            )
+            scenarios["contention"].append(
+                (label, etcd_contention_case(label, http, cluster, waits), srv, waits)
+            )
+            scenarios["fenced_write"].append((label, etcd_put_case(label, http, cluster, body),
+                                              srv, None))  # fmt: skip
+        if args.only:
+            scenarios = {k: v for k, v in scenarios.items() if k in args.only}
+
+        per_round: list[dict[str, dict[str, dict[str, Any]]]] = []
+        for rnd in range(args.rounds):
+            this: dict[str, dict[str, dict[str, Any]]] = {}
+            for key, entries in scenarios.items():
+                this[key] = {}
+                for label, case, servers, w in entries if rnd % 2 == 0 else entries[::-1]:
+                    row = await measure(case, http, servers, args.seconds, args.warm_ops, w)
+                    this[key][label] = row
+                    print(f"round {rnd + 1} {key:12} {label:34} {json.dumps(_rounded(row))}",
+                          flush=True)  # fmt: skip
+            per_round.append(this)
+        for key, entries in scenarios.items():
+            results[key] = {e[0]: combine([r[key][e[0]] for r in per_round]) for e in entries}
+        results["ratios"] = ratios(per_round)
+        results["per_round"] = per_round
+        results["machine_load"] = os.getloadavg()
+    finally:
+        if gw is not None:
+            await gw.stop()
+        if http is not None:
+            await http.close()
+        for cluster in clusters.values():
+            cluster.stop()
+        for node in nodes:
+            node.stop()
+        with contextlib.suppress(Exception):
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    write_report(results, args)
+
+
+# (scenario, metric, fsync target, no-fsync target): fencegate / etcd by rate, and etcd's
+# server CPU per op / fencegate's (above 1: fencegate is cheaper).
+TARGETS: Final = {"ops_per_s": (2.0, 1.5), "server_cpu_us": (2.0, 2.0)}
+
+
+def ratios(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    scenarios = list(per_round[0])
+    for key in scenarios:
+        for other, which in ((ETCD, 0), (ETCD_NOFSYNC, 1)):
+            for metric, targets in TARGETS.items():
+                values = []
+                for r in per_round:
+                    fg = r[key].get(FENCEGATE, {}).get(metric)
+                    et = r[key].get(other, {}).get(metric)
+                    if fg and et:
+                        values.append(fg / et if metric == "ops_per_s" else et / fg)
+                if not values:
+                    continue
+                med = statistics.median(values)
+                out[f"{key} vs {other} by {metric}"] = {
+                    "scenario": key,
+                    "versus": other,
+                    "metric": metric,
+                    "median": med,
+                    "min": min(values),
+                    "max": max(values),
+                    "target": targets[which],
+                    "ok": med >= targets[which],
+                }
+    return out
+
+
+COLUMNS: Final = (
+    ("ops_per_s", "ops/s"),
+    ("p50_ms", "p50 ms"),
+    ("p99_ms", "p99 ms"),
+    ("server_cpu_us", "server CPU µs/op"),
+    ("gen_cpu_us", "load-gen CPU µs/op"),
+    ("busy", "machine busy"),
+    ("errors", "errors"),
+)
+WAIT_COLUMNS: Final = (
+    ("wait_p50_ms", "wait p50 ms"),
+    ("wait_p99_ms", "wait p99 ms"),
+    ("wait_max_ms", "wait max ms"),
+    ("top_share", "busiest worker"),
+)
+NOTES: Final = {
+    "one_client": "One client, sequential; an op is an acquire and a release of one name "
+    "(fencegate: POST + DELETE /v1/locks; etcd: /v3/lock/lock + /v3/lock/unlock under the "
+    "client's lease, against the leader).",
+    "32_clients": f"{CLIENTS} concurrent clients, each its own name and (etcd) its own lease; "
+    "etcd clients spread round-robin over the three members.",
+    "contention": f"{CONTENDERS} workers on one name, {HOLD * 1e3:g} ms hold; an op is one "
+    "critical section (ops/s = critical sections/s). Wait: from asking for the lock to being "
+    "granted it.",
+    "fenced_write": f"{CLIENTS} clients, each holding its own lock, writing its own key "
+    "(256-byte values): fencegate PUT with X-Fencing-Token to PostgreSQL; etcd a Txn "
+    "comparing the lock key's create revision, then a put. fencegate's server CPU includes "
+    "the PostgreSQL backends of its pool (not PostgreSQL's WAL writer or checkpointer).",
+}
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    suffix = "-quick" if args.quick else ""
+    (RESULTS / f"etcd{suffix}.json").write_text(json.dumps(results, indent=2))
+    etcd = results.get("etcd", {})
+    load = results.get("machine_load")
+    lines = [
+        "# fencegate against etcd",
+        "",
+        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds:g} s a case, "
+        f"{args.rounds} round(s) in alternating order (a cell is the median over the rounds). "
+        f"etcd {etcd.get('version', '?')} from Debian, 3 members on loopback, JSON gateway "
+        f"at `{etcd.get('api', '?')}`; fencegate: one gateway process on 3 redis-server nodes, "
+        f"PostgreSQL at `{results['postgres']}`. One load generator for both (aiohttp, one "
+        "pooled session). Server CPU: utime + stime from /proc of the servers per op "
+        "(fencegate: gateway + Redis nodes [+ PostgreSQL backends]; etcd: its members).",
+        "",
+    ]
+    if load:
+        lines += [
+            f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
+            f"{os.cpu_count()} cores (other work shares this machine).",
+            "",
+        ]
+    for key, note in NOTES.items():
+        table = results.get(key)
+        if not table:
+            continue
+        cols = COLUMNS + (WAIT_COLUMNS if key == "contention" else ())
+        lines += [f"## {key}", "", note, ""]
+        lines.append("| side | " + " | ".join(h for _, h in cols) + " |")
+        lines.append("| --- |" + " --- |" * len(cols))
+        for label, row in table.items():
+            lines.append(f"| {label} | " + " | ".join(_cell(row.get(m)) for m, _ in cols) + " |")
+        for lbl, row in table.items():
+            if "error_kinds" in row:
+                lines.append(f"\nErrors in {lbl}: {row['error_kinds']}")
+        lines.append("")
+    if results.get("ratios"):
+        lines += [
+            "## Ratios (median of per-round ratios, min..max)",
+            "",
+            "By ops/s: fencegate / etcd. By server CPU: etcd's CPU per op / fencegate's "
+            "(above 1: fencegate spends less).",
+            "",
+            "| scenario | versus | by | median | range | target |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in results["ratios"].values():
+            verdict = "met" if r["ok"] else "MISSED"
+            lines.append(
+                f"| {r['scenario']} | {r['versus']} | {r['metric']} | **{r['median']:.2f}x** | "
+                f"{r['min']:.2f}..{r['max']:.2f} | >= {r['target']:g}: **{verdict}** |"
+            )
+        lines.append("")
+    (RESULTS / f"etcd{suffix}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {RESULTS / f'etcd{suffix}.md'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 s a case, 2 rounds")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds a case")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, alternating the order")
+    parser.add_argument("--warm-ops", type=int, default=10, help="warm-up ops per client")
+    parser.add_argument("--body-bytes", type=int, default=256)
+    parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
+    ns = parser.parse_args()
+    if ns.quick:
+        ns.seconds, ns.rounds, ns.warm_ops = 1.0, 2, 5
+    uvloop.run(main(ns))
