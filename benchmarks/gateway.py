@@ -9,7 +9,10 @@ generator is this one (aiohttp, one pooled session, uvloop), so the two never
 share an event loop. The baselines run here, in-process, without HTTP:
 
 * locks: the same ``LockManager`` calls the gateway makes (``acquire``, then
-  ``release`` of a ``LockManager.handle``), over the same three nodes;
+  ``release`` of a ``LockManager.handle``), over the same three nodes; and a
+  bare aiohttp app (``BARE``, its own process, no fencegate code) serving the
+  same two requests with the same JSON shapes. The HTTP path's overhead is
+  gateway CPU per cycle / (bare app CPU + in-process LockManager CPU);
 * fenced PUTs: the same gateway with a second store of the same kind and
   ``fencing = "none"``, the storage adapter called in-process, and plain
   asyncpg upserts into an equivalent table with a pool of the same size.
@@ -23,6 +26,8 @@ and the report says where its time goes.
 
     .venv/bin/python -m benchmarks.gateway            # full run (about 3 minutes)
     .venv/bin/python -m benchmarks.gateway --quick    # a short smoke run
+    .venv/bin/python -m benchmarks.gateway --only locks/one_client locks/32_clients \
+        --profile-seconds 0                           # the HTTP path overhead alone
 
 Results: printed, and written to benchmarks/results/gateway.md and gateway.json
 (gateway-quick.md and .json with --quick).
@@ -95,6 +100,44 @@ signal.signal(signal.SIGUSR2, stop)
 sys.exit(main(sys.argv[2:]))
 """
 
+# ``python -c BARE PORT``: the floor of the HTTP path, an aiohttp app with no fencegate code
+# serving the lock cycle's two requests with the same JSON shapes (uvloop, no access log, as
+# ``gateway serve``); its lock is a dict, its lease id a uuid4.
+BARE: Final = """
+import json, math, sys, uuid
+import uvloop
+from aiohttp import web
+held, counter = {}, [0]
+async def acquire(request):
+    body = json.loads(await request.read())
+    ttl_ms = body.get("ttl_ms", 10000)
+    name = request.match_info["name"]
+    lease_id = uuid.uuid4().hex
+    counter[0] += 1
+    held[name] = lease_id
+    return web.json_response({"name": name, "token": counter[0], "lease_id": lease_id,
+                              "ttl_ms": ttl_ms, "valid_ms": math.floor(ttl_ms * 0.99)})
+async def release(request):
+    name = request.match_info["name"]
+    if held.get(name) != request.headers.get("X-Lease-Id"):
+        return web.json_response({"error": "not_lease_holder", "message": "no"}, status=409)
+    del held[name]
+    return web.Response(status=204)
+async def ready(request):
+    return web.json_response({"ready": True})
+async def main():
+    app = web.Application()
+    app.router.add_post("/v1/locks/{name:.+}", acquire)
+    app.router.add_delete("/v1/locks/{name:.+}", release)
+    app.router.add_get("/readyz", ready)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", int(sys.argv[1])).start()
+    await asyncio.Event().wait()
+import asyncio
+uvloop.run(main())
+"""
+
 Op = Callable[[int], Awaitable[None]]
 
 
@@ -118,6 +161,7 @@ class Gateway:
     proc: subprocess.Popen[bytes]
     url: str
     log: Path
+    metrics: bool = True  # serves fencegate's /metrics (the bare app does not)
 
     def cpu_seconds(self) -> float:
         with open(f"/proc/{self.proc.pid}/stat") as f:
@@ -189,22 +233,36 @@ async def start_gateway(
         argv = [sys.executable, "-m", "gateway", *serve]
     else:
         argv = [sys.executable, "-c", PROFILED, str(profile), *serve]
-    proc = _spawn(argv, log)
-    gw = Gateway(name, proc, f"http://127.0.0.1:{port}", log)
+    gw = Gateway(name, _spawn(argv, log), f"http://127.0.0.1:{port}", log)
+    await _wait_ready(http, gw)
+    return gw
+
+
+async def start_bare(http: aiohttp.ClientSession, workdir: Path) -> Gateway:
+    """The bare aiohttp app (``BARE``) on a free loopback port, once it answers /readyz."""
+    port = free_port()
+    log = workdir / "bare.log"
+    gw = Gateway("bare", _spawn([sys.executable, "-c", BARE, str(port)], log),
+                 f"http://127.0.0.1:{port}", log, metrics=False)  # fmt: skip
+    await _wait_ready(http, gw)
+    return gw
+
+
+async def _wait_ready(http: aiohttp.ClientSession, gw: Gateway) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30.0
     while loop.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway {name} exited:\n{log.read_text(errors='replace')[-3000:]}")
+        if gw.proc.poll() is not None:
+            raise RuntimeError(f"{gw.name} exited:\n{gw.log.read_text(errors='replace')[-3000:]}")
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with http.get(f"{gw.url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
                 await r.read()
                 if r.status == 200:
-                    return gw
+                    return
         await asyncio.sleep(0.1)
     await gw.stop()
     raise RuntimeError(
-        f"gateway {name} not ready in 30 s:\n{log.read_text(errors='replace')[-3000:]}"
+        f"{gw.name} not ready in 30 s:\n{gw.log.read_text(errors='replace')[-3000:]}"
     )
 
 
@@ -463,7 +521,7 @@ async def run_case(
         warm_until = loop.time() + min(1.0, seconds)
         await asyncio.gather(*(drive(i, warm_until, warm_ops, False) for i in range(case.workers)))
         gw = case.gateway
-        srv0 = await server_times(http, gw, case.store) if gw else None
+        srv0 = await server_times(http, gw, case.store) if gw and gw.metrics else None
         gw0 = gw.cpu_seconds() if gw else 0.0
         if window is not None:
             await window[0]()
@@ -476,7 +534,7 @@ async def run_case(
         if window is not None:
             await window[1]()
         gw1 = gw.cpu_seconds() if gw else 0.0
-        srv1 = await server_times(http, gw, case.store) if gw else None
+        srv1 = await server_times(http, gw, case.store) if gw and gw.metrics else None
     finally:
         if case.teardown is not None:
             await case.teardown()
@@ -725,6 +783,46 @@ def ratios(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, A
     return out
 
 
+BARE_CASE: Final = "bare aiohttp app (no fencegate code)"
+HTTP_CASE: Final = "HTTP (gateway process)"
+INPROC_CASE: Final = "in-process, the gateway's calls"
+OVERHEAD_TARGET: Final = 1.2
+
+
+def http_overhead(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, Any]:
+    """Gateway CPU per cycle / (bare aiohttp app's CPU + in-process LockManager CPU), per round.
+
+    The denominator is the floor of the HTTP path: what aiohttp alone costs to serve the two
+    requests, plus what the lock service's calls cost without HTTP (the load generator's CPU
+    in the in-process case, which does nothing else). Redis's CPU is in neither side.
+    """
+    out: dict[str, Any] = {}
+    for group in ("locks/one_client", "locks/32_clients"):
+        values, parts = [], []
+        for r in per_round:
+            rows = r.get(group, {})
+            gw = rows.get(HTTP_CASE, {}).get("gw_cpu_us")
+            bare = rows.get(BARE_CASE, {}).get("gw_cpu_us")
+            inproc = rows.get(INPROC_CASE, {}).get("gen_cpu_us")
+            if gw and bare and inproc:
+                values.append(gw / (bare + inproc))
+                parts.append((gw, bare, inproc))
+        if not values:
+            continue
+        med = statistics.median(values)
+        out[group] = {
+            "median": med,
+            "min": min(values),
+            "max": max(values),
+            "gateway_cpu_us": statistics.median(p[0] for p in parts),
+            "bare_cpu_us": statistics.median(p[1] for p in parts),
+            "lockmanager_cpu_us": statistics.median(p[2] for p in parts),
+            "target": OVERHEAD_TARGET,
+            "ok": med <= OVERHEAD_TARGET,
+        }
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="fencegate-gwbench-"))
     nodes = [RedisNode(workdir / f"redis{i}") for i in range(3)]
@@ -773,6 +871,8 @@ async def main(args: argparse.Namespace) -> None:
         gateways.append(gw)
         quiet = await start_gateway(http, workdir, "quiet", redis, {"pgq": pg}, log_level="warning")
         gateways.append(quiet)
+        bare = await start_bare(http, workdir)
+        gateways.append(bare)
         mgr = await LockManager.connect(redis)
         closers.append(mgr.close)
         pg_store = PostgresStore("inproc", PG_DSN, schema=schema, pool_max=POOL)
@@ -795,6 +895,7 @@ async def main(args: argparse.Namespace) -> None:
                                  as_gateway=True),
                 inproc_lock_case("in-process, own Lease (release not awaited)", mgr, workers,
                                  as_gateway=False),
+                http_lock_case(BARE_CASE, http, bare, workers),
             ]  # fmt: skip
         groups["put/postgres"] = [
             http_put_case("HTTP fenced", http, gw, "pg", body, fenced=True, ttl_ms=ttl_ms),
@@ -813,6 +914,8 @@ async def main(args: argparse.Namespace) -> None:
             inproc_store_case("in-process adapter, fenced", file_store, body),
         ]  # fmt: skip
 
+        if args.only:
+            groups = {k: v for k, v in groups.items() if k in args.only}
         per_round: list[dict[str, dict[str, dict[str, Any]]]] = []
         for rnd in range(args.rounds):
             this: dict[str, dict[str, dict[str, Any]]] = {}
@@ -827,6 +930,7 @@ async def main(args: argparse.Namespace) -> None:
         for key, cases in groups.items():
             results[key] = {c.label: combine([r[key][c.label] for r in per_round]) for c in cases}
         results["ratios"] = ratios(per_round)
+        results["http_overhead"] = http_overhead(per_round)
         results["per_round"] = per_round
 
         for g in gateways:
@@ -952,6 +1056,26 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{r['min']:.2f}..{r['max']:.2f} | {target} |"
             )
         lines.append("")
+    if results.get("http_overhead"):
+        lines += [
+            "## HTTP path overhead",
+            "",
+            "Gateway CPU per acquire + release cycle / (the bare aiohttp app's CPU per cycle + "
+            "the in-process LockManager cycle's CPU): 1.0 would be an HTTP path that costs "
+            "nothing beyond aiohttp itself and the lock service. Medians of per-round "
+            "ratios, min..max; CPU columns are medians over the rounds.",
+            "",
+            "| clients | gateway µs | bare aiohttp µs | LockManager µs | ratio | range | target |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for group, o in results["http_overhead"].items():
+            verdict = "met" if o["ok"] else "MISSED"
+            lines.append(
+                f"| {group} | {o['gateway_cpu_us']:.0f} | {o['bare_cpu_us']:.0f} | "
+                f"{o['lockmanager_cpu_us']:.0f} | **{o['median']:.2f}x** | "
+                f"{o['min']:.2f}..{o['max']:.2f} | <= {o['target']:g}: **{verdict}** |"
+            )
+        lines.append("")
     prof = results.get("profile")
     if prof:
         lines += _profile_lines(prof, args)
@@ -1022,8 +1146,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5, help="rounds, alternating the order")
     parser.add_argument("--warm-ops", type=int, default=10, help="warm-up ops per client")
     parser.add_argument("--body-bytes", type=int, default=256)
-    parser.add_argument("--profile-seconds", type=float, default=5.0, help="0: no profile")
+    parser.add_argument("--profile-seconds", type=float, help="0: no profile (default 5)")
+    parser.add_argument("--only", nargs="*", help="groups to run, e.g. locks/one_client")
     ns = parser.parse_args()
     if ns.quick:
-        ns.seconds, ns.rounds, ns.warm_ops, ns.profile_seconds = 1.0, 2, 5, 2.0
+        ns.seconds, ns.rounds, ns.warm_ops = 1.0, 2, 5
+    if ns.profile_seconds is None:
+        ns.profile_seconds = 2.0 if ns.quick else 5.0
     uvloop.run(main(ns))
