@@ -69,7 +69,6 @@ import asyncpg
 import uvloop
 
 from benchmarks.gateway import (
-    CLK_TCK,
     PG_DSN,
     Case,
     Gateway,
@@ -80,6 +79,7 @@ from benchmarks.gateway import (
     http_lock_case,
     http_put_case,
     pct,
+    proc_cpu,
     run_case,
     start_gateway,
 )
@@ -100,16 +100,6 @@ INSTALL: Final = ["apt-get", "install", "-y", "etcd-server", "etcd-client"]
 def _b64(text: str | bytes) -> str:
     raw = text.encode() if isinstance(text, str) else text
     return base64.b64encode(raw).decode()
-
-
-def proc_cpu(pid: int) -> float:
-    """utime + stime of one process, in seconds; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def ensure_etcd() -> str:
