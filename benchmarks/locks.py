@@ -8,11 +8,18 @@ and aioredlock (install them with ``pip install -e .[bench]``).
 
     .venv/bin/python -m benchmarks.locks            # full run (several minutes)
     .venv/bin/python -m benchmarks.locks --quick    # a short smoke run
+    .venv/bin/python -m benchmarks.locks --rtt-ms 0.5   # contention over an emulated LAN
 
 Shared locks (``kinds/3node``): a shared acquire+release cycle of one client,
 and readers holding a shared lease in a loop while one writer takes the lock.
 
 Results: printed, and written to benchmarks/results/locks.md and locks.json.
+
+``--rtt-ms R`` runs the contention scenario only (fencegate, aioredlock, pottery;
+8 workers, 1 ms hold), through ``benchmarks.delay_proxy`` in front of each node
+(R/2 each way, pinned to the last core with taskset), in alternating rounds;
+it reports the proxy's own CPU and the PING round trip through it, and writes
+locks-rtt.md and locks-rtt.json.
 """
 
 from __future__ import annotations
@@ -22,8 +29,12 @@ import asyncio
 import gc
 import itertools
 import json
+import os
 import platform
 import resource
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +47,9 @@ from typing import Any
 import redis.asyncio as aredis
 import uvloop
 
+from benchmarks.gateway import proc_cpu
 from lockservice import LockManager
-from tests._servers import RedisNode
+from tests._servers import RedisNode, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -149,11 +161,14 @@ async def aioredlock_client(urls: list[str]) -> Client:
     mgr = Aioredlock(hosts, retry_count=1000, retry_delay_min=0.1, retry_delay_max=0.3)
 
     async def acquire(name: str) -> Any:
-        while True:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while loop.time() < deadline:
             try:
                 return await mgr.lock(name, lock_timeout=10)
             except LockError:
                 continue
+        raise TimeoutError("aioredlock did not get the lock in 30 s")
 
     async def release(lock: Any) -> None:
         await mgr.unlock(lock)
@@ -265,16 +280,22 @@ async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[
     loop = asyncio.get_running_loop()
     owners: list[int] = []
     takeover_waits: list[float] = []
+    gave_up = 0
     try:
         counter = CommandCounter(nodes[0])
         await counter.__aenter__()
         end = loop.time() + seconds
 
         async def worker(i: int) -> None:
+            nonlocal gave_up
             n = 0
             while loop.time() < end and n < 50_000:
                 t0 = loop.time()
-                handle = await clients[i].acquire("bench:hot")
+                try:
+                    handle = await clients[i].acquire("bench:hot")
+                except TimeoutError:  # the library's own wait ran out: this worker stops
+                    gave_up += 1
+                    return
                 if owners and owners[-1] != i:
                     takeover_waits.append(loop.time() - t0)
                 owners.append(i)
@@ -302,6 +323,7 @@ async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[
         "workers_served": len(counts),
         "same_owner_again": same / max(total - 1, 1),
         "round_trips_per_cs": calls / total,
+        "workers_gave_up": gave_up,
     }
 
 
@@ -390,6 +412,141 @@ async def memory_flat(urls: list[str], names: int) -> dict[str, float]:
     early = next((m for d, m in marks if d >= names * 0.1), marks[0][1])
     return {"names": names, "rss_at_10pct_mib": early, "rss_end_mib": marks[-1][1],
             "growth_mib": marks[-1][1] - early, "cycles_per_s": names / elapsed}  # fmt: skip
+
+
+# ---------------------------------------------------------------- emulated round trips
+RTT_LIBS: tuple[str, ...] = ("fencegate", "aioredlock", "pottery AIORedlock")
+
+
+class DelayProxy:
+    """``benchmarks.delay_proxy`` in front of each node, pinned to the last core."""
+
+    def __init__(self, nodes: list[RedisNode], rtt_ms: float) -> None:
+        self.ports = [free_port() for _ in nodes]
+        pairs = [f"{p}:{n.port}" for p, n in zip(self.ports, nodes, strict=True)]
+        argv = [sys.executable, "-m", "benchmarks.delay_proxy", "--delay-ms", f"{rtt_ms / 2:g}"]
+        self.core = (os.cpu_count() or 1) - 1
+        if shutil.which("taskset"):
+            argv = ["taskset", "-c", str(self.core), *argv]
+        root = Path(__file__).resolve().parent.parent
+        self.proc = subprocess.Popen([*argv, *pairs], cwd=root, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the delay proxy did not start")
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{p}/0" for p in self.ports]
+
+    def cpu(self) -> float:
+        return proc_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+async def ping_rtt(url: str, count: int = 500) -> dict[str, float]:
+    conn = aredis.Redis.from_url(url)
+    lat = []
+    try:
+        await conn.ping()
+        for _ in range(count):
+            t0 = time.perf_counter()
+            await conn.ping()
+            lat.append(time.perf_counter() - t0)
+    finally:
+        await conn.aclose()
+    return {"p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3}
+
+
+async def rtt_main(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="fencegate-bench-rtt-"))
+    nodes = [RedisNode(workdir / f"n{i}") for i in range(3)]
+    for node in nodes:
+        node.start()
+    proxy = DelayProxy(nodes, args.rtt_ms)
+    libs = [lib for lib in RTT_LIBS if not args.only or lib in args.only]
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, uvloop",
+        "seconds_per_case": args.seconds * 2,
+        "rounds": args.rounds,
+        "rtt_ms": args.rtt_ms,
+        "proxy_core": proxy.core,
+    }
+    rows: dict[str, list[dict[str, float]]] = {lib: [] for lib in libs}
+    try:
+        results["ping_direct"] = await ping_rtt(nodes[0].url)
+        results["ping_proxied"] = await ping_rtt(proxy.urls[0])
+        print(f"PING direct {results['ping_direct']}, through the proxy "
+              f"{results['ping_proxied']}", flush=True)  # fmt: skip
+        for rnd in range(args.rounds):
+            for lib in libs if rnd % 2 == 0 else libs[::-1]:
+                for n in nodes:
+                    n.flushall()
+                cpu0 = proxy.cpu()
+                r = await contention(LIBRARIES[lib], proxy.urls, nodes, args.seconds * 2)
+                cpu = proxy.cpu() - cpu0
+                r["proxy_cpu_us_per_cs"] = cpu / max(r["cs_per_s"] * args.seconds * 2, 1) * 1e6
+                rows[lib].append(r)
+                print(f"round {rnd + 1} rtt {lib:20} {json.dumps(r)}", flush=True)
+    finally:
+        proxy.stop()
+        for node in nodes:
+            node.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    key = f"contention/3node/rtt{args.rtt_ms:g}ms"
+    results[key] = {
+        lib: {m: statistics.median(r[m] for r in rs) for m in rs[0]} for lib, rs in rows.items()
+    }
+    results["cs_per_s_rounds"] = {lib: [r["cs_per_s"] for r in rs] for lib, rs in rows.items()}
+    results["machine_load"] = os.getloadavg()
+    write_rtt_report(results, key, args)
+
+
+def write_rtt_report(results: dict[str, Any], key: str, args: argparse.Namespace) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "locks-rtt.json").write_text(json.dumps(results, indent=2))
+    direct, proxied, load = results["ping_direct"], results["ping_proxied"], results["machine_load"]
+    lines = [
+        f"# Lock contention over emulated round trips ({args.rtt_ms:g} ms)",
+        "",
+        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds * 2:g} s a case, "
+        f"{args.rounds} rounds in alternating order (a cell is the median over the rounds). "
+        f"Every client reaches the 3 redis-server nodes through `benchmarks/delay_proxy.py` "
+        f"({args.rtt_ms / 2:g} ms each way, one process pinned to core {results['proxy_core']}). "
+        f"PING round trip: direct p50 {direct['p50_ms']:.3f} ms, p99 {direct['p99_ms']:.3f} ms; "
+        f"through the proxy p50 {proxied['p50_ms']:.3f} ms, p99 {proxied['p99_ms']:.3f} ms. "
+        f"Load average at the end: {load[0]:.2f} on {os.cpu_count()} cores.",
+        "",
+        "8 workers, each its own client, on one name; 1 ms hold. proxy_cpu_us_per_cs: the "
+        "proxy's own CPU per critical section (what the emulation costs, not the library).",
+        "",
+    ]
+    table = results[key]
+    metrics = list(next(iter(table.values())).keys())
+    lines.append("| library | " + " | ".join(metrics) + " |")
+    lines.append("| --- |" + " --- |" * len(metrics))
+    for lib, row in table.items():
+        cells = [f"{row[m]:.3g}" for m in metrics]
+        lines.append(f"| {lib} | " + " | ".join(cells) + " |")
+    fg = table.get("fencegate", {}).get("cs_per_s")
+    peers = [row["cs_per_s"] for lib, row in table.items() if lib != "fencegate"]
+    if fg and peers:
+        rounds = results["cs_per_s_rounds"]
+        others = [rounds[lib] for lib in table if lib != "fencegate"]
+        per_round = [f / max(p) for f, *p in zip(rounds["fencegate"], *others, strict=True)]
+        lines += [
+            "",
+            f"fencegate / best peer: **{fg / max(peers):.2f}x** (per round "
+            f"{min(per_round):.2f}..{max(per_round):.2f}); target >= 1.2",
+            "",
+        ]
+    (RESULTS / "locks-rtt.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {RESULTS / 'locks-rtt.md'}")
 
 
 # ---------------------------------------------------------------- driver
@@ -509,7 +666,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--names", type=int, default=1_000_000)
     parser.add_argument("--only", nargs="*", help="library names to run")
+    parser.add_argument("--rtt-ms", type=float, help="contention through a delay proxy only")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the --rtt-ms run")
     ns = parser.parse_args()
     if ns.quick:
         ns.seconds, ns.names = 1.0, 20_000
-    uvloop.run(main(ns))
+    uvloop.run(rtt_main(ns) if ns.rtt_ms else main(ns))
