@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 import ssl
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from lockservice import scripts
-from lockservice.resp import Connection, Reply, ReplyError, is_failure, open_connection
+from lockservice.resp import Connection, Reply, is_failure, open_connection
 
 __all__ = ["Connected", "Inbox", "Message", "Node", "NodeAddress", "Replay", "parse_node_url"]
 
@@ -167,7 +166,12 @@ class Node:
             self._sub.abort()
 
     # commands
-    def command(self, *args: bytes | str | int, later: bool = False) -> asyncio.Future[Reply]:
+    def command(
+        self,
+        *args: bytes | str | int,
+        later: bool = False,
+        noscript: tuple[bytes | str | int, ...] | None = None,
+    ) -> asyncio.Future[Reply]:
         conn = self._conn
         if conn is None or conn.closed:
             fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -179,7 +183,7 @@ class Node:
             if self._poked is not None and not self._poked.done():
                 self._poked.set_result(None)  # reconnect now rather than at the next tick
             return fut
-        return conn.send(*args, later=later)
+        return conn.send(*args, later=later, noscript=noscript)
 
     def call(
         self,
@@ -193,19 +197,11 @@ class Node:
 
         ``later``: see ``Connection.send``.
         """
-        first = self.command(b"EVALSHA", script.sha, len(keys), *keys, *args, later=later)
-        out: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-
-        def done(fut: asyncio.Future[Reply]) -> None:
-            reply = fut.result()
-            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-                again = self.command(b"EVAL", script.source, len(keys), *keys, *args)
-                again.add_done_callback(functools.partial(_forward, out))
-            elif not out.done():
-                out.set_result(reply)
-
-        first.add_done_callback(done)
-        return out
+        return self.command(
+            b"EVALSHA", script.sha, len(keys), *keys, *args,
+            later=later,
+            noscript=(b"EVAL", script.source, len(keys), *keys, *args),
+        )  # fmt: skip
 
     def _failed(self, reason: str) -> None:
         """The node cannot be used: log why, once per change of reason."""
@@ -325,11 +321,6 @@ class Node:
             else:
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 1.0)
-
-
-def _forward(out: asyncio.Future[Reply], fut: asyncio.Future[Reply]) -> None:
-    if not out.done():
-        out.set_result(fut.result())
 
 
 def _info_field(info: Reply, field: str) -> str | None:

@@ -35,6 +35,9 @@ def _pack(args: tuple[bytes | str | int, ...]) -> bytes:
     return packed
 
 
+_Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, tuple[bytes | str | int, ...] | None]"
+
+
 def is_failure(reply: Reply) -> bool:
     """True for an error reply or a lost connection."""
     return isinstance(reply, ReplyError | ConnectionError | TimeoutError)
@@ -46,7 +49,8 @@ class Connection(asyncio.Protocol):
     def __init__(self, on_push: Callable[[Reply], None] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader()
-        self._pending: collections.deque[tuple[asyncio.Future[Reply], float]] = collections.deque()
+        # (future, loop time sent, the command to send instead on a NOSCRIPT error)
+        self._pending: collections.deque[_Pending] = collections.deque()
         self._out: list[bytes] = []
         self._burst = False
         self._transport: asyncio.Transport | None = None
@@ -68,33 +72,47 @@ class Connection(asyncio.Protocol):
             if not self._pending:  # a reply nobody asked for: the stream is broken
                 self.abort()
                 return
-            fut, _ = self._pending.popleft()
-            if not fut.done():
+            fut, _, instead = self._pending.popleft()
+            if (
+                instead is not None
+                and isinstance(reply, ReplyError)
+                and str(reply).startswith("NOSCRIPT")
+            ):  # sent even if nobody waits (a release); the same future gets its reply
+                self._pending.append((fut, self._loop.time(), None))
+                self._write(_pack(instead))
+            elif not fut.done():
                 fut.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         error = ConnectionError(f"connection lost: {exc}" if exc else "connection closed")
         while self._pending:
-            fut, _ = self._pending.popleft()
+            fut, _, _ = self._pending.popleft()
             if not fut.done():
                 fut.set_result(error)
         if not self.lost.done():
             self.lost.set_result(None)
 
     # API
-    def send(self, *args: bytes | str | int, later: bool = False) -> asyncio.Future[Reply]:
+    def send(
+        self,
+        *args: bytes | str | int,
+        later: bool = False,
+        noscript: tuple[bytes | str | int, ...] | None = None,
+    ) -> asyncio.Future[Reply]:
         """Queue one command; the future resolves to its reply (never raises).
 
         ``later``: nobody waits for the reply now (a release whose answer is
         known), so it may ride along with the next command instead of taking a
-        write of its own.
+        write of its own. ``noscript``: the command to send instead when the
+        reply is a NOSCRIPT error (EVAL for an EVALSHA); the future then
+        resolves to that command's reply: one future per call, no second hop.
         """
         fut: asyncio.Future[Reply] = self._loop.create_future()
         if self.closed:
             fut.set_result(ConnectionError("connection closed"))
             return fut
-        self._pending.append((fut, self._loop.time()))
+        self._pending.append((fut, self._loop.time(), noscript))  # packed only if needed
         self._write(_pack(args), later)
         return fut
 

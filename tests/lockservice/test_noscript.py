@@ -1,0 +1,40 @@
+"""A node that lost its script cache (SCRIPT FLUSH, a restart) still runs every script.
+
+EVALSHA answers NOSCRIPT there; the connection sends EVAL with the source in its
+place and the caller's one future gets EVAL's reply, in order with the commands
+sent around it, whether or not anyone still waits for it (a release).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from lockservice import LockManager
+from tests._servers import RedisNode
+
+
+async def test_scripts_run_after_the_script_cache_is_flushed(redis3: list[RedisNode]) -> None:
+    mgr = await LockManager.connect([n.url for n in redis3])
+    try:
+        first = await mgr.acquire("ns/a", ttl=10.0)
+        await mgr.release(first)
+        for node in redis3:
+            assert node.command("SCRIPT", "FLUSH").startswith(b"+OK")
+
+        # Several calls in one burst: each NOSCRIPT is retried in its place in the stream.
+        leases = await asyncio.gather(*(mgr.acquire(f"ns/{i}", ttl=10.0) for i in range(5)))
+        assert [lease.name for lease in leases] == [f"ns/{i}" for i in range(5)]
+        again = await mgr.acquire("ns/a", ttl=10.0)
+        assert again.token > first.token
+
+        for node in redis3:
+            node.command("SCRIPT", "FLUSH")
+        await mgr.release(LockManager.handle(again.name, again.lease_id))  # awaits the nodes
+        for lease in leases:
+            await mgr.release(lease)  # not awaited: the release script must run all the same
+        await asyncio.sleep(0.2)
+        for node in redis3:
+            assert node.command("KEYS", "lock:*") == b"*0\r\n"  # every release ran
+        assert (await mgr.acquire("ns/a", ttl=10.0, wait=0.0)).token > again.token
+    finally:
+        await mgr.close()
