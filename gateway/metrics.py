@@ -177,6 +177,7 @@ class Metrics:
     leases: LeaseTracker = field(default_factory=LeaseTracker)
     # labelled children by (metric, labels): .labels() costs more than the update itself
     _children: dict[tuple[object, tuple[str, ...]], Any] = field(default_factory=dict)
+    _requests: dict[tuple[str, str, int], tuple[Any, Any]] = field(default_factory=dict)
 
     def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
         key = (metric, labels)
@@ -364,7 +365,7 @@ class Metrics:
 
     def released(self, hold_seconds: float, result: str) -> None:
         # hold_seconds is not known to the lock service for HTTP leases: see lease_ended.
-        self.releases.labels(result).inc()
+        self._child(self.releases, result).inc()
 
     def renewed(self, result: str) -> None:
         self.renewals.labels(result).inc()
@@ -405,5 +406,12 @@ class Metrics:
             self.hold_time.observe(held)
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
-        self._child(self.http_requests, route, method, str(status)).inc()
-        self._child(self.http_latency, route, method).observe(seconds)
+        key = (route, method, status)
+        pair = self._requests.get(key)
+        if pair is None:  # one lookup a request for both children
+            pair = self._requests[key] = (
+                self.http_requests.labels(route, method, str(status)),
+                self.http_latency.labels(route, method),
+            )
+        pair[0].inc()
+        pair[1].observe(seconds)
