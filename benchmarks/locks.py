@@ -164,8 +164,9 @@ async def aioredlock_client(urls: list[str]) -> Client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0
         while loop.time() < deadline:
-            try:
-                return await mgr.lock(name, lock_timeout=10)
+            try:  # one lock() call retries up to retry_count times: bound it too
+                return await asyncio.wait_for(mgr.lock(name, lock_timeout=10),
+                                              deadline - loop.time())  # fmt: skip
             except LockError:
                 continue
         raise TimeoutError("aioredlock did not get the lock in 30 s")
