@@ -206,34 +206,43 @@ async def one_client(make: Callable[[list[str]], Awaitable[Client]], urls: list[
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
         start = loop.time()
-        cycles = 0
-        while loop.time() < end and cycles < 200_000:
+        cycles = errors = 0
+        while loop.time() < end and cycles < 200_000 and errors < 100:
             t0 = time.perf_counter()
-            handle = await client.acquire("bench:one")
-            lat.append(time.perf_counter() - t0)
-            await client.release(handle)
+            try:
+                handle = await client.acquire("bench:one")
+                lat.append(time.perf_counter() - t0)
+                await client.release(handle)
+            except Exception:  # e.g. no quorum when a stalled loop outlasts node_timeout
+                errors += 1
+                continue
             cycles += 1
         elapsed = loop.time() - start
     finally:
         await client.close()
     return {"cycles_per_s": cycles / elapsed, "p50_ms": pct(lat, 0.5) * 1e3,
-            "p99_ms": pct(lat, 0.99) * 1e3}  # fmt: skip
+            "p99_ms": pct(lat, 0.99) * 1e3, "errors": errors}  # fmt: skip
 
 
 async def many_workers(make: Callable[[list[str]], Awaitable[Client]], urls: list[str],
                        seconds: float, workers: int = 32) -> dict[str, float]:  # fmt: skip
     client = await make(urls)
     loop = asyncio.get_running_loop()
-    cycles = 0
+    cycles = errors = 0
     try:
         end = loop.time() + seconds
 
         async def worker(i: int) -> None:
-            nonlocal cycles
+            nonlocal cycles, errors
             name = f"bench:w{i}"
-            n = 0
-            while loop.time() < end and n < 100_000:
-                await client.release(await client.acquire(name))
+            n = failed = 0
+            while loop.time() < end and n < 100_000 and failed < 100:
+                try:
+                    await client.release(await client.acquire(name))
+                except Exception:  # e.g. no quorum when a stalled loop outlasts node_timeout
+                    errors += 1
+                    failed += 1
+                    continue
                 cycles += 1
                 n += 1
 
@@ -242,7 +251,7 @@ async def many_workers(make: Callable[[list[str]], Awaitable[Client]], urls: lis
         elapsed = loop.time() - start
     finally:
         await client.close()
-    return {"cycles_per_s": cycles / elapsed}
+    return {"cycles_per_s": cycles / elapsed, "errors": errors}
 
 
 class CommandCounter:
