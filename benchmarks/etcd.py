@@ -35,7 +35,7 @@ etcd is a bench-only dependency, from Debian's packages: when ``etcd`` is not on
 the PATH, the script runs ``apt-get install -y etcd-server etcd-client`` as root
 (or through sudo), or prints that command and stops.
 
-    .venv/bin/python -m benchmarks.etcd            # full run (about 6 minutes)
+    .venv/bin/python -m benchmarks.etcd            # full run (about 4 minutes)
     .venv/bin/python -m benchmarks.etcd --quick    # a short smoke run
 
 Results: printed, and written to benchmarks/results/etcd.md and etcd.json

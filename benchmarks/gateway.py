@@ -24,7 +24,7 @@ servers: read the ratios and the CPU per operation, not the absolute rates.
 Last, the gateway runs once more under cProfile for a short fenced-PUT load,
 and the report says where its time goes.
 
-    .venv/bin/python -m benchmarks.gateway            # full run (about 3 minutes)
+    .venv/bin/python -m benchmarks.gateway            # full run (about 4 minutes)
     .venv/bin/python -m benchmarks.gateway --quick    # a short smoke run
     .venv/bin/python -m benchmarks.gateway --only locks/one_client locks/32_clients \
         --profile-seconds 0                           # the HTTP path overhead alone
