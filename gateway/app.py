@@ -101,11 +101,15 @@ def create_app(
 def start_draining(app: web.Application, *, announce: bool = True) -> None:
     """From now on /readyz answers 503, new acquires and writes are refused (503
     ``shutting_down``), and acquires waiting for a lock are answered 503 at once."""
-    if app[STATE].drain() and announce:
-        log.info(
-            "draining: /readyz is 503, waiting acquires and new acquires and writes get "
-            "503 shutting_down, requests in flight finish"
-        )
+    state = app[STATE]
+    if not state.draining:
+        state.draining = True
+        state.drained.set()
+        if announce:
+            log.info(
+                "draining: /readyz is 503, waiting acquires and new acquires and writes get "
+                "503 shutting_down, requests in flight finish"
+            )
 
 
 async def _on_shutdown(app: web.Application) -> None:

@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -36,7 +37,7 @@ from gateway.errors import (
     error_headers,
     status_of,
 )
-from gateway.state import API_KEY, CONFIG, METRICS, STATE, GatewayState
+from gateway.state import API_KEY, CONFIG, METRICS, STATE
 from storage_adapters import StoreNotStarted
 
 __all__ = [
@@ -254,46 +255,43 @@ async def drain_middleware(request: web.Request, handler: Handler) -> web.Stream
     if state.draining and route in _WRITES:
         raise ShuttingDown("the gateway is shutting down; retry on another replica")
     if route in _ACQUIRES:
-        return await _unless_drained(state, handler(request))
+        return await _unless_drained(state.drained, handler(request))
     return await handler(request)
 
 
 async def _unless_drained(
-    state: GatewayState, call: Awaitable[web.StreamResponse]
+    drained: asyncio.Event, call: Awaitable[web.StreamResponse]
 ) -> web.StreamResponse:
     """``call``'s answer, or 503 ``shutting_down`` if draining starts while it runs.
 
     An acquire may wait up to ``max_wait_ms``: far longer than a shutdown may take.
-    ``GatewayState.drain`` cancels it in its own task (no task per request): the lock
-    service's cleanup runs (no partial grant is left), and the waiter gets an HTTP
-    answer it can act on instead of a closed connection.
+    Cancelling it runs the lock service's cleanup (no partial grant is left), and
+    the waiter gets an HTTP answer it can act on instead of a closed connection.
     """
-    task = asyncio.current_task()
-    assert task is not None
-    state.acquiring.add(task)
+    task = asyncio.ensure_future(call)
+    woken = asyncio.ensure_future(drained.wait())
     try:
-        response = await call
+        await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        # Ours alone (no timeout, no shutdown cancelled it too): answer 503.
-        if _was_cut_off(state, task) and task.uncancel() == 0:
-            raise ShuttingDown(
-                "the gateway is shutting down and stopped waiting for the lock; "
-                "retry on another replica"
-            ) from None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
         raise
     finally:
-        state.acquiring.discard(task)
-    if _was_cut_off(state, task):
-        task.uncancel()  # granted while being cancelled: the grant stands
-    return response
-
-
-def _was_cut_off(state: GatewayState, task: asyncio.Task[Any]) -> bool:
-    """Whether draining cancelled ``task``; forgets it."""
-    if task in state.cut_off:
-        state.cut_off.discard(task)
-        return True
-    return False
+        woken.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            return await task  # granted while being cancelled: the grant stands
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        raise ShuttingDown(
+            "the gateway is shutting down and stopped waiting for the lock; "
+            "retry on another replica"
+        )
+    return task.result()
 
 
 MIDDLEWARES: Final = (metrics_middleware, error_middleware, auth_middleware, drain_middleware)

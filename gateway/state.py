@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 
@@ -82,21 +82,9 @@ class GatewayState:
         self.shared = shared
         """The server's shared directory, for a worker of several (``gateway/shared.py``)."""
         self.draining = False
-        self.acquiring: set[asyncio.Task[Any]] = set()
-        """The tasks of acquires in flight: draining cancels them, so they answer 503 at once."""
-        self.cut_off: set[asyncio.Task[Any]] = set()
-        """Acquires that draining cancelled (each cancelled once, by ``drain``)."""
+        self.drained = asyncio.Event()
+        """Set with ``draining``: wakes acquires that wait, so they answer 503 at once."""
         self.issued = IssuedCache(issued_cache_size)
-
-    def drain(self) -> bool:
-        """Start draining and cancel the acquires in flight; False if it had started."""
-        if self.draining:
-            return False
-        self.draining = True
-        for task in self.acquiring:
-            self.cut_off.add(task)
-            task.cancel()
-        return True
 
 
 CONFIG: Final = web.AppKey("config", Config)
