@@ -310,8 +310,9 @@ async def test_renewal_of_a_lost_lease_counts_as_a_lost_renewal(
     gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
 ) -> None:
     client, registry = await gateway()
-    grant = await _acquire(client, "short", ttl_ms=30)
-    await asyncio.sleep(0.1)
+    # 300 ms: an acquire that takes longer than its ttl (a loaded machine) is refused
+    grant = await _acquire(client, "short", ttl_ms=300)
+    await asyncio.sleep(0.5)
     body = {"lease_id": grant["lease_id"], "ttl_ms": 1000}
     assert (await client.post("/v1/locks/short/renew", json=body)).status == 409
     assert value(registry, "fencegate_lock_renewals_total", result="lost") == 1
@@ -322,8 +323,9 @@ async def test_renewal_of_a_lost_lease_increments_leases_lost(
     gateway: Callable[..., Awaitable[tuple[Client, CollectorRegistry]]],
 ) -> None:
     client, registry = await gateway()
-    grant = await _acquire(client, "short", ttl_ms=30)
-    await asyncio.sleep(0.1)
+    # 300 ms: an acquire that takes longer than its ttl (a loaded machine) is refused
+    grant = await _acquire(client, "short", ttl_ms=300)
+    await asyncio.sleep(0.5)
     body = {"lease_id": grant["lease_id"], "ttl_ms": 1000}
     assert (await client.post("/v1/locks/short/renew", json=body)).status == 409
     assert sum(value(registry, "fencegate_leases_lost_total", reason=r) for r in LOST_REASONS) == 1
