@@ -255,13 +255,14 @@ def _is_granted(reply: AcquireReply) -> bool:
 
 
 def found_lease(tagged: Sequence[Tagged], quorum: int, start: float) -> Attempt | None:
-    """The lease held with the try's tag, when a quorum answered it (R26): its id,
-    the token most of them hold and the validity a quorum of them still gives it."""
+    """The lease committed with the try's tag, when a quorum answered it (R26): its
+    id, the token its owner decided (every node that committed the tag holds that
+    one) and the validity a quorum of them still gives it."""
     ids = [t.lease_id for t in tagged]
     for lease_id in set(ids):
         if ids.count(lease_id) >= quorum:
             mine = [t for t in tagged if t.lease_id == lease_id]
-            token = max((t.token for t in mine), key=[t.token for t in mine].count)
+            token = max(t.token for t in mine)
             left = sorted((t.pttl for t in mine), reverse=True)[quorum - 1] / 1000
             return Attempt(token, start + left - drift(left), 0.0, lease_id)
     return None

@@ -63,14 +63,22 @@ class Backend(Protocol):
         ``ticket`` is empty for a try that will not wait, else the waiter's place
         in the queue of ``name`` (its arrival time), the same on every attempt.
         ``mode``: ``"exclusive"``, ``"shared"`` or ``"semaphore"`` (``permits`` > 0).
-        ``tag``: an idempotency digest stored with the grant; a lease already held
-        with it is answered instead (``Attempt.lease_id``). Raises
+        ``tag``: an idempotency digest; a lease already holding the lock with it
+        committed (``commit``) is answered instead (``Attempt.lease_id``). Raises
         ``PermitsMismatch`` when semaphore holders of other ``permits`` hold it.
         """
         ...
 
     async def find(self, name: str, tag: str) -> Attempt | None:
-        """The lease of ``name`` held with idempotency ``tag``, if any (``Attempt.lease_id``)."""
+        """The lease of ``name`` held with idempotency ``tag`` committed, if any
+        (``Attempt.lease_id``)."""
+        ...
+
+    async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
+        """Record ``tag`` for the decided lease ``lease_id`` (token ``token``) while it
+        holds the lock; the other lease that committed ``tag`` first and still holds
+        it, if any (the caller then gives its own up). Never raises for lost nodes:
+        without a quorum the tag is committed on fewer nodes (best effort)."""
         ...
 
     async def settle(self) -> bool:

@@ -318,6 +318,12 @@ class LockManager:
                             raise
                         resynced = True
                         continue
+                    if attempt.token and kind.tag and attempt.lease_id in ("", lease_id):
+                        # R26: decided; the tag names this lease only from now on. Two
+                        # requests with one key that both got a lease keep the first
+                        # committed (a cancel here gives this one back, below).
+                        other = await backend.commit(name, lease_id, attempt.token, kind.tag)
+                        attempt = other or attempt
                     if attempt.token:
                         if attempt.lease_id and attempt.lease_id != lease_id:
                             backend.abandon(name, lease_id)  # the tag's lease answered: R26

@@ -47,7 +47,7 @@ class _Holder:
     token: int
     expiry: float  # loop time: the lock is held for the whole ttl
     valid_until: float  # what the lease was told: ttl - drift
-    tag: str  # idempotency digest, or ""
+    tag: str = ""  # idempotency digest, once committed
 
 
 @dataclass(slots=True)
@@ -123,7 +123,7 @@ class MemoryBackend:
             held = self._locks[name] = _Held(mode, permits if mode == SEMAPHORE else 0)
         token = self._token(name)
         valid_until = now + ttl - drift(ttl)
-        held.holders[lease_id] = _Holder(token, now + ttl, valid_until, tag)
+        held.holders[lease_id] = _Holder(token, now + ttl, valid_until)
         self._grants += 1
         if self._grants % 4096 == 0:
             self._sweep()
@@ -147,6 +147,17 @@ class MemoryBackend:
     async def find(self, name: str, tag: str) -> Attempt | None:
         held = self._live(name, asyncio.get_running_loop().time())
         return None if held is None else _tagged(held, tag)
+
+    async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
+        held = self._live(name, asyncio.get_running_loop().time())
+        mine = None if held is None else held.holders.get(lease_id)
+        if held is None or mine is None:
+            return None
+        found = _tagged(held, tag)
+        if found is not None and found.lease_id != lease_id:
+            return found
+        mine.tag = tag
+        return None
 
     async def settle(self) -> bool:
         return False

@@ -48,6 +48,7 @@ from lockservice.replies import (
     parse_find,
     parse_inspect,
     parse_state,
+    parse_tag,
 )
 from lockservice.resync import Resyncer
 from lockservice.waiters import Waiters
@@ -186,6 +187,21 @@ class Redlock:
             raise self._rounds.unavailable(name, rnd, _is_tagged)
         return found_lease([t for t in tagged if t.token], self.quorum, start)
 
+    async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
+        """R26: record ``tag`` for the decided lease; the other lease a quorum says
+        committed the tag first (the caller gives its own up), else None — also when
+        fewer than a quorum acked: idempotency is then best effort (a repeat queues)."""
+        start = asyncio.get_running_loop().time()
+        futures = [
+            node.call(scripts.TAG, lock_keys(name), (lease_id, tag, token, node.run_id or ""))
+            for node in self.nodes
+        ]
+        rnd = await self._rounds.run(futures, parse_tag, self._rounds.decider(_committed))
+        if rnd.count(_committed) >= self.quorum:
+            return None
+        other = [r for r in rnd.replies if isinstance(r, Tagged)]
+        return found_lease(other, self.quorum, start)
+
     def abandon(self, name: str, lease_id: str) -> None:
         self._handovers.close(lease_id)
         self._cleanups.release(name, lease_id, later=False)  # R7: out at once
@@ -208,8 +224,11 @@ class Redlock:
         rnd = await self._rounds.run(futures, parse_count, decided)
         tokens = [r for r in rnd.replies if isinstance(r, int) and r > 0]
         if len(tokens) >= self.quorum:
-            # the token a majority recorded for this lease (a late grant may differ)
-            return start + ttl - drift(ttl), Counter(tokens).most_common(1)[0][0]
+            # The decided token is on a quorum of nodes (all grants agreed, or round
+            # 2 wrote it: R4) and every quorum meets that one; the rest hold a lower
+            # token of the same lease (a round-1 grant round 2 did not reach), so the
+            # largest is the decided one. A most-common vote is not: S4, R26.
+            return start + ttl - drift(ttl), max(tokens)
         if rnd.count(_zero) > len(self.nodes) - self.quorum:
             raise LeaseLost(name, "it expired or another lease holds it")
         raise self._rounds.unavailable(name, rnd, _positive)
@@ -280,6 +299,10 @@ class Redlock:
 
 def _is_tagged(reply: object) -> bool:
     return isinstance(reply, Tagged)
+
+
+def _committed(reply: object) -> bool:
+    return reply is True
 
 
 def _positive(reply: int | Failure) -> bool:

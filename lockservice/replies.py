@@ -33,6 +33,7 @@ __all__ = [
     "parse_pong",
     "parse_scan",
     "parse_state",
+    "parse_tag",
     "parse_values",
 ]
 
@@ -172,14 +173,33 @@ def parse_acquire(reply: Reply) -> AcquireReply:
     return Failure(f"unexpected reply {reply!r}")
 
 
-def parse_find(reply: Reply) -> Tagged | Unsynced | Failure:
-    """find.lua: the lease held with the tag, or ``Tagged(0, 0, "")`` when none is."""
+def parse_find(reply: Reply) -> Tagged | Unsynced | Quarantined | Failure:
+    """find.lua: the lease committed with the tag, or ``Tagged(0, 0, "")`` when none is."""
     fields = _ints(reply)
-    if fields == [Code.UNSYNCED]:
-        return Unsynced()
     if fields == [0]:
         return Tagged(0, 0, "")
-    return _tagged(reply) or _unexpected(reply)
+    return _unable(fields) or _tagged(reply) or _unexpected(reply)
+
+
+def parse_tag(reply: Reply) -> bool | Tagged | Unsynced | Quarantined | Failure:
+    """tag.lua: True when committed, False when the lease does not hold the lock
+    there, or the other lease committed with the tag."""
+    if isinstance(reply, list) and len(reply) == 4 and reply[0] == Code.TAGGED:
+        return _tagged(reply[1:]) or _unexpected(reply)
+    fields = _ints(reply)
+    if fields in ([1], [0]):
+        return fields == [1]
+    return _unable(fields) or _unexpected(reply)
+
+
+def _unable(fields: list[int] | None) -> Unsynced | Quarantined | None:
+    """``{-2, 0}`` or ``{-1, pttl}``: a node that may not answer for tags (R17)."""
+    if fields is not None and len(fields) == 2:
+        if fields[0] == Code.UNSYNCED:
+            return Unsynced()
+        if fields[0] == Code.QUARANTINED:
+            return Quarantined(fields[1])
+    return None
 
 
 def parse_inspect(reply: Reply) -> Inspected | Unsynced | Failure:

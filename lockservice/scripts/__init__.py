@@ -18,6 +18,7 @@ __all__ = [
     "RELEASE",
     "RESYNC",
     "STATE",
+    "TAG",
     "UNDO",
     "Script",
 ]
@@ -53,6 +54,7 @@ RESYNC = _load("resync")
 MARK_SYNCED = _load("mark_synced")
 RECOPIED = _load("recopied")
 STATE = _load("state", "queue")
+TAG = _load("tag", "queue")
 
 ALL = (
     ACQUIRE,
@@ -66,4 +68,5 @@ ALL = (
     MARK_SYNCED,
     RECOPIED,
     STATE,
+    TAG,
 )

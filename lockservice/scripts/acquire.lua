@@ -23,7 +23,8 @@
           {-2, 0}    when this node has not been synced in this run (restarted, data
                      lost or reloaded from an old snapshot, or new),
           {-3, permits} when semaphore holders of other permits hold it (R22),
-          {-4, token, pttl, lease_id} when the lease held with the tag is lease_id (R26).
+          {-4, token, pttl, lease_id} when lease_id, another lease, holds it with the
+                     tag committed (tag.lua; token: the decided one, R26).
   The lock value is "<lease_id>:<token>" so that the holder's token can be read back,
   or "=<mode> <permits>" for a group of shared or semaphore holders (queue.lua).
   A free lock goes to the earliest live waiter, so the releasing client cannot take
@@ -47,7 +48,7 @@ end
 if current then
   if string.sub(current, 1, #id + 1) == id .. ':' or member_entry(KEYS, id) then
     -- handed over meanwhile: issued anew (R12)
-    return {grant(KEYS, base, id, ttl, mode, permits, tag), 0}
+    return {grant(KEYS, base, id, ttl, mode, permits), 0}
   end
 end
 local may, held_permits = joinable(current, mode, permits, KEYS)
@@ -80,4 +81,4 @@ if not may then
   end
   return {0, left, counter(KEYS[2])}
 end
-return {grant(KEYS, base, id, ttl, mode, permits, tag), 0}
+return {grant(KEYS, base, id, ttl, mode, permits), 0}

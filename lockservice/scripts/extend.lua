@@ -2,7 +2,8 @@
   member of a group of shared or semaphore holders (R22).
   KEYS[1] lock:{name}  KEYS[2] holders:{name}  KEYS[3] holdert:{name}
   ARGV[1] lease_id  ARGV[2] ttl (ms)
-  Returns the lease's token when extended, 0 when the lock is absent or held by
+  Returns the lease's token when extended (the decided one when its owner
+  committed an idempotency tag, R26), 0 when the lock is absent or held by
   another lease. Never re-creates an expired lock: that would hand a lost lease
   back silently. ]]
 local id, ttl = ARGV[1], tonumber(ARGV[2])
@@ -12,8 +13,10 @@ if not current then
 end
 if string.sub(current, 1, #id + 1) == id .. ':' then
   redis.call('PEXPIRE', KEYS[1], ttl)
-  if redis.call('HEXISTS', KEYS[3], id) == 1 then
+  local committed = redis.call('HGET', KEYS[3], id)
+  if committed then
     redis.call('PEXPIRE', KEYS[3], ttl)  -- its idempotency tag (R26)
+    return tonumber(string.match(committed, '^(%d+)'))  -- the decided token
   end
   return tonumber(string.sub(current, #id + 2))
 end

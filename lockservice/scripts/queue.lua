@@ -9,9 +9,10 @@
   Holders (R22): lock:{name} is "<lease_id>:<token>" for an exclusive lease, or
   "=<mode> <permits>" for a group of shared or semaphore leases, whose members
   are in holders:{name} (KEYS[8], zset: lease_id scored by its expiry, node ms)
-  and holdert:{name} (KEYS[9], hash: lease_id -> "<token> <tag>"). A group's
-  lock:{name} expires with its last member; holdert:{name} also keeps the tag
-  (R26) of an exclusive holder that was given one. ]]
+  and holdert:{name} (KEYS[9], hash: lease_id -> "<token>", or "<decided token>
+  <tag>" once the lease's owner committed its idempotency tag: tag.lua, R26). A
+  group's lock:{name} expires with its last member; holdert:{name} also keeps the
+  committed tag of an exclusive holder. ]]
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -132,18 +133,15 @@ end
 -- R1, R22-R24: give the lock to lease_id for ttl ms with the next token, alone
 -- (exclusive) or as a member of the group of shared or semaphore holders (every
 -- grant issues its own token, so that a node orders its grants by token: R11-R13).
--- The caller checked that it may (joinable).
-local function grant(keys, base, lease_id, ttl, mode, permits, tag)
+-- The caller checked that it may (joinable). No idempotency tag is stored here: a
+-- grant is not yet a lease; the owner commits the tag once it decided (tag.lua, R26).
+local function grant(keys, base, lease_id, ttl, mode, permits)
   local token = issue(keys[2], base)
   local value = string.format('%d', token)
   mode = mode or 'exclusive'
   if mode == 'exclusive' then
     redis.call('SET', keys[1], lease_id .. ':' .. value, 'PX', ttl)
     redis.call('DEL', keys[8], keys[9])
-    if tag and tag ~= '' then
-      redis.call('HSET', keys[9], lease_id, value .. ' ' .. tag)
-      redis.call('PEXPIRE', keys[9], ttl)
-    end
     return token
   end
   if not group_of(redis.call('GET', keys[1])) then
@@ -151,12 +149,28 @@ local function grant(keys, base, lease_id, ttl, mode, permits, tag)
   end
   redis.call('SET', keys[1], '=' .. mode .. ' ' .. string.format('%d', permits), 'PX', ttl)
   redis.call('ZADD', keys[8], now_ms() + tonumber(ttl), lease_id)
-  redis.call('HSET', keys[9], lease_id, value .. ' ' .. (tag or ''))
+  redis.call('HSET', keys[9], lease_id, value)
   stretch(keys)
   return token
 end
 
--- R26: the lease held with this tag ({lease_id, token, pttl}), or nil.
+-- Whether lease_id holds the lock on this node now (current: holder(keys)), and the
+-- ms its hold has left.
+local function holds(keys, current, lease_id)
+  if group_of(current) then
+    local expiry = tonumber(redis.call('ZSCORE', keys[8], lease_id) or '0')
+    local left = expiry - now_ms()
+    return left > 0 and redis.call('HEXISTS', keys[9], lease_id) == 1, left
+  end
+  if current and string.sub(current, 1, #lease_id + 1) == lease_id .. ':' then
+    return true, redis.call('PTTL', keys[1])
+  end
+  return false, 0
+end
+
+-- R26: the lease committed with this tag that still holds the lock here
+-- ({lease_id, decided token, pttl}), or nil. holdert:{name} maps a holder to
+-- "<token>" or, once its owner committed a tag (tag.lua), "<decided token> <tag>".
 local function tagged(keys, current, tag)
   if tag == '' or redis.call('EXISTS', keys[9]) == 0 then
     return nil
@@ -165,15 +179,9 @@ local function tagged(keys, current, tag)
   for i = 1, #entries, 2 do
     local token, t = string.match(entries[i + 1], '^(%d+) ?(.*)$')
     if t == tag then
-      local id = entries[i]
-      if group_of(current) then
-        local expiry = tonumber(redis.call('ZSCORE', keys[8], id) or '0')
-        local now = now_ms()
-        if expiry > now then
-          return {id, tonumber(token), expiry - now}
-        end
-      elseif current and string.sub(current, 1, #id + 1) == id .. ':' then
-        return {id, tonumber(token), redis.call('PTTL', keys[1])}
+      local held, left = holds(keys, current, entries[i])
+      if held then
+        return {entries[i], tonumber(token), left}
       end
     end
   end
@@ -247,14 +255,14 @@ local function hand_over(keys, channel, name, released, run_id)
     local message = name .. '\n' .. released .. '\n' .. waiter
     local spec = redis.call('HGET', keys[7], head)
     local base = spec and grantable(keys[3], keys[4], run_id)
-    local ttl, mode, permits, tag
+    local ttl, mode, permits
     if spec then
-      ttl, mode, permits, tag = waiter_kind(spec)
+      ttl, mode, permits = waiter_kind(spec)
     end
     local may = base and joinable(holder(keys), mode, permits, keys)
     if may == true then
       dequeue(keys[5], keys[6], keys[7], head)
-      local token = grant(keys, base, waiter, ttl, mode, permits, tag)
+      local token = grant(keys, base, waiter, ttl, mode, permits)
       message = message .. '\n' .. string.format('%d', token)
     elseif base and may ~= 'mismatch' then
       return  -- it waits for the holders; a mismatch of permits is woken to learn it

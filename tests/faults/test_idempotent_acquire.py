@@ -9,6 +9,10 @@ key, the retry would find the name held by its own lost lease.
 Over gateway processes: one on the in-process backend, and two over three
 Redis nodes with the retry sent to the other gateway. And the other side of a
 dropped connection: a client gone before its body was read is no bug in the log.
+
+Then the races of a repeat with its own first request, over LockManagers: a
+repeat never answers a grant its owner may still give up (S2), and answers the
+token the owner decided, not a vote of the nodes' tokens (S4).
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
+from lockservice import Lease, LockHeld, LockManager, QuorumUnavailable
+from lockservice.protocol import lock_key
 from tests._servers import RedisNode
+from tests.campaign.proxy import FaultProxy
+from tests.faults.conftest import Connect, cut_off
 from tests.faults.test_gateway_two_processes import gateways, http_session
 
 pytestmark = pytest.mark.faults
@@ -154,3 +162,65 @@ async def test_a_client_gone_before_its_body_is_read_is_not_logged_as_a_bug(
                 if line.startswith(counted)}  # fmt: skip
     assert '"499"' in statuses, statuses  # counted as the client going away
     assert not {s for s in statuses if s.startswith('"5')}, statuses
+
+
+async def test_a_repeat_never_returns_a_grant_its_owner_then_gives_up(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """S2: W's acquire (through slow links) is handed the lock by a release, but its
+    deadline comes before it hears so, and it gives the grant up; X, queued after
+    it, then takes the lock. A repeat of W's request sent meanwhile through another
+    gateway must not be answered with W's grant, or two valid leases exist."""
+    loop = asyncio.get_running_loop()
+    proxies = [FaultProxy(n.port) for n in own_redis3]
+    for proxy in proxies:
+        await proxy.start()
+    g0 = await connect(own_redis3, max_ttl=30.0)
+    g2 = await connect(own_redis3, max_ttl=30.0)
+    g1 = await LockManager.connect([p.url for p in proxies], max_ttl=30.0)
+    try:
+        holder = await g0.acquire("s2", ttl=10.0)
+        w = asyncio.create_task(g1.acquire("s2", ttl=10.0, wait=0.6, idempotency_key="K"))
+        await asyncio.sleep(0.4)
+        x = asyncio.create_task(g0.acquire("s2", ttl=10.0, wait=5.0))  # queued after W
+        await asyncio.sleep(0.1)
+        for proxy in proxies:
+            proxy.set("delay", 0.4)  # W's links slow: it misses its hand-over in time
+        await g0.release(holder)  # the nodes hand the lock to W
+        await asyncio.sleep(0.05)
+        repeat: Lease | None = None
+        with contextlib.suppress(LockHeld):
+            repeat = await g2.acquire("s2", ttl=10.0, idempotency_key="K")  # the retry
+        owner: Lease | None = None
+        with contextlib.suppress(LockHeld, QuorumUnavailable):
+            owner = await w  # it gives up: its undo of the grant is on the way
+        for proxy in proxies:
+            proxy.set("pass")
+        if repeat is not None:  # answered only with the lease its owner kept
+            assert owner is not None
+            assert (repeat.lease_id, repeat.token) == (owner.lease_id, owner.token)
+        got_x: Lease | None = None
+        with contextlib.suppress(LockHeld):
+            got_x = await x
+        if got_x is not None and repeat is not None:
+            assert repeat.valid_until <= loop.time(), "X and the repeat's lease both valid"
+    finally:
+        await g1.close()
+        for proxy in proxies:
+            await proxy.close()
+
+
+async def test_extend_returns_the_decided_token_when_round_2_missed_a_node(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """S4: round 2 (R4) wrote the decided token on nodes 0 and 2 only; node 1 still
+    has its round-1 token, and node 0 is then cut off. Nodes 1 and 2 are a quorum
+    with one vote each: the extend must answer the decided (largest) token."""
+    mgr = await connect(own_redis3, max_ttl=30.0)
+    lease = await mgr.acquire("s4", ttl=10.0, idempotency_key="K")
+    stale = f"{lease.lease_id}:{lease.token - 1}"
+    assert own_redis3[1].command("SET", lock_key("s4"), stale, "KEEPTTL") == b"+OK\r\n"
+    await cut_off(mgr, own_redis3[0], 0)
+    renewed = await mgr.extend(mgr.handle("s4", lease.lease_id), ttl=10.0)
+    assert renewed.token == lease.token
+    own_redis3[0].resume()

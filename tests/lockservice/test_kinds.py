@@ -308,3 +308,27 @@ async def test_a_stream_of_shared_requests_does_not_starve_a_queued_exclusive(
     async with asyncio.timeout(10):
         await flow
     assert readers_done > 50
+
+
+async def test_two_queued_shared_acquires_with_one_key_end_with_one_lease(
+    make_manager: MakeManager,
+) -> None:
+    """S3: a release hands the lock to both waiters at once (R25), and a retry whose
+    first request is still queued must not make a second lease of one key."""
+    a, b = await two(make_manager)
+    writer = await a.acquire("k/idem-two", ttl=10.0)
+    waits = [
+        asyncio.create_task(m.acquire("k/idem-two", ttl=10.0, wait=5.0, mode="shared", **key))
+        for m, key in ((a, {"idempotency_key": "k"}), (b, {"idempotency_key": "k"}))
+    ]
+    await asyncio.sleep(0.3)  # both queued behind the writer
+    await a.release(writer)
+    async with asyncio.timeout(5):
+        first, second = await asyncio.gather(*waits)
+    assert (first.lease_id, first.token) == (second.lease_id, second.token)
+    for _ in range(100):  # the loser's grant goes back, within 2 s
+        if (await b.inspect("k/idem-two")).holders == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert (await b.inspect("k/idem-two")).holders == 1
+    await free(a, first)

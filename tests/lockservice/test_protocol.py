@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from lockservice.acquire import found_lease
 from lockservice.handover import Pending
 from lockservice.protocol import (
     ATTEMPT_TRANSITIONS,
@@ -13,6 +14,7 @@ from lockservice.protocol import (
     AttemptState,
     NodeState,
 )
+from lockservice.replies import Tagged
 
 
 def test_every_state_has_its_transitions_and_terminal_states_are_final() -> None:
@@ -39,3 +41,13 @@ def test_a_forbidden_move_of_an_attempt_is_reported_as_a_bug(
         "lock protocol bug: attempt on 'p/x' moved granted -> trying"
     ]
     caplog.clear()  # (the autouse check would fail this test otherwise)
+
+
+def test_a_repeat_answers_the_decided_token_not_a_vote_of_the_nodes() -> None:
+    """S4: the committed token is the decided one; a tie or a majority of stale
+    per-node tokens must not pick another."""
+    tagged = [Tagged(7, 5_000, "w"), Tagged(5, 5_000, "w"), Tagged(5, 5_000, "w")]
+    found = found_lease(tagged[1:2] + tagged[:1], 2, 0.0)
+    assert found is not None
+    assert (found.lease_id, found.token) == ("w", 7)
+    assert found_lease(tagged, 3, 0.0).token == 7  # type: ignore[union-attr]

@@ -440,22 +440,37 @@ def test_raise_fence_counts_a_group_only_for_its_members(r: redis.Redis) -> None
     assert r.hget(HOLDERT, ID_A) == f"{BASE + 10} ".encode()  # R16: the lease's token
 
 
-def test_a_try_with_a_tag_answers_the_lease_held_with_it(r: redis.Redis) -> None:
+def commit(r: redis.Redis, lease_id: str, tag: str, token: int) -> object:
+    return run(r, scripts.TAG, KEYS, [lease_id, tag, token, RUN_ID])
+
+
+def test_a_tag_answers_only_once_its_lease_committed_it(r: redis.Redis) -> None:
     tag = "t" * 32
     keys_find = [tag, RUN_ID]
     assert run(r, scripts.FIND, KEYS, keys_find) == [0]
     take(r, ID_A, "exclusive", tag=tag)
-    assert r.hget(HOLDERT, ID_A) == f"{BASE + 1} {tag}".encode()
+    assert r.exists(HOLDERT) == 0  # a grant is no lease yet: no tag stored (R26)
+    assert run(r, scripts.FIND, KEYS, keys_find) == [0]
+    assert commit(r, ID_B, tag, BASE + 1) == [0]  # B does not hold it
+    assert commit(r, ID_A, tag, BASE + 7) == [1]  # the decided token, not this node's
     code, token, pttl, lease_id = take(r, ID_B, "exclusive", tag=tag, ticket="5")  # type: ignore[misc]
-    assert (code, token, lease_id) == (-4, BASE + 1, ID_A.encode())
+    assert (code, token, lease_id) == (-4, BASE + 7, ID_A.encode())
     assert 9_000 < pttl <= 10_000
     assert r.zcard(WAITQ) == 0  # answered, not queued
     found = run(r, scripts.FIND, KEYS, keys_find)
-    assert found[:1] + found[2:] == [BASE + 1, ID_A.encode()]  # type: ignore[index,operator]
+    assert found[:1] + found[2:] == [BASE + 7, ID_A.encode()]  # type: ignore[index,operator]
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 20_000]) == BASE + 7
+    assert r.pttl(HOLDERT) > 19_000  # the committed tag lives as long as the hold
     release(r, ID_A)
     assert run(r, scripts.FIND, KEYS, keys_find) == [0]
-    assert r.exists(HOLDERT) == 0  # the digest went with the lease
     take(r, ID_C, "shared", tag=tag)
+    take(r, ID_D, "shared", tag=tag)  # S3: two grants with one tag...
+    assert commit(r, ID_C, tag, BASE + 2) == [1]
+    code, token, _, lease_id = commit(r, ID_D, tag, BASE + 3)  # type: ignore[misc]
+    assert (code, token, lease_id) == (-4, BASE + 2, ID_C.encode())  # ...one lease per tag
     assert take(r, ID_D, "shared", tag=tag)[::3] == [-4, ID_C.encode()]  # type: ignore[index]
-    r.delete(SYNCED)
-    assert run(r, scripts.FIND, KEYS, keys_find) == [-2]
+    r.set(QUAR, 1, px=5_000)
+    assert run(r, scripts.FIND, KEYS, keys_find)[0] == -1  # type: ignore[index]  # L3
+    r.delete(QUAR, SYNCED)
+    assert run(r, scripts.FIND, KEYS, keys_find) == [-2, 0]
+    assert commit(r, ID_C, tag, BASE + 2) == [-2, 0]
