@@ -132,8 +132,8 @@ R22 Modes: an exclusive request conflicts with every holder; a shared one joins
     ``PermitsMismatch`` (from a majority of nodes). On a node, lock:{name} is
     "<lease_id>:<token>" for an exclusive holder or "=<mode> <permits>" for a
     group whose members are in holders:{name} (lease id by expiry, node ms)
-    and holdert:{name} (token and tag); every script that grants looks at
-    both, and a group's keys expire with its last member (``queue.lua:
+    and holdert:{name} (token, and the tag once committed: R26); every
+    script that grants looks at both, and a group's keys expire with its last member (``queue.lua:
     joinable``, ``grant``, ``holder``; ``memory._conflicts``). Extend, release,
     undo (R13 names a member's token alike) and round 2 (R4: a group counts
     when the raising lease is a member: the others' grants are concurrent with
@@ -159,14 +159,25 @@ R25 FIFO across kinds: a request joins the holders only when no earlier waiter
     semaphore waiters while permits are left), publishing to each (``queue.lua:
     hand_over``). In one process the manager's per-name turns keep arrival
     order (``turns``).                                    [no writer starvation]
-R26 An acquire with an idempotency key stores a digest of the key and of the
-    kind (``lease.idempotency_tag``) with the holder's entry (holdert:{name},
-    which expires with the lease), never the key. A repeat first asks the
-    nodes (find.lua) and, when a majority names the lease held with the tag,
-    returns it (its id, token, and the validity a majority still gives it)
-    without queueing behind other waiters; a try that finds the tag's holder
-    answers it instead of granting or queueing (acquire.lua, ``acquire.
-    found_lease``, ``manager``, ``memory._tagged``).           [one lease per key]
+R26 An idempotency tag (a digest of the key and of the kind, ``lease.
+    idempotency_tag``, never the key) names a lease only once its owner has
+    decided it: no script that grants stores a tag (a grant is not yet a lease:
+    its owner may still give it up, R7, R13-R15). The acquire that is about to
+    return its lease commits the tag (tag.lua, ``Redlock.commit``): on each node
+    where the lease still holds the lock, holdert:{name} records "<decided
+    token> <tag>" with the lease (it goes with the release or the expiry, and
+    extend keeps it); a node where another lease holding the lock committed the
+    tag answers that lease, and when a quorum does, the acquire gives its own
+    lease up and returns that one (two requests with one key that both got a
+    lease end with one). Fewer than Q acks: the lease is still returned and a
+    repeat may queue (best effort under node faults). A repeat asks the nodes
+    first (find.lua; synced and not quarantined nodes only, R17) and returns the
+    lease a quorum names committed (its id, the decided token, the validity a
+    quorum still gives it); a try that finds it answers it instead of granting
+    or queueing (acquire.lua, ``acquire.found_lease``, ``manager``,
+    ``memory.commit``). extend answers the largest token of a quorum: the
+    decided token is on a quorum (R4) and every quorum meets it.
+                                                           [one lease per key]
 Redlock groups (``[locks] groups``; not the holder groups of R22): names spread
 over independent Redlock groups, and changes of the groups while gateways run.
 A *moved* name is one whose group under ``previous_groups`` differs from its
@@ -281,8 +292,13 @@ R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests
     groups
 R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     a_repeat_is_answered_even_behind_queued_waiters, idempotent_shared_and_
-    semaphore_leases; test_scripts: a_try_with_a_tag_answers_the_lease_held_with_
-    it; test_memory: idempotency_digests_go_with_their_leases
+    semaphore_leases, two_queued_shared_acquires_with_one_key_end_with_one_lease;
+    test_scripts: a_tag_answers_only_once_its_lease_committed_it; test_memory:
+    idempotency_digests_go_with_their_leases; test_protocol: a_repeat_answers_the_
+    decided_token_not_a_vote_of_the_nodes; faults/test_idempotent_acquire:
+    a_repeat_never_returns_a_grant_its_owner_then_gives_up, extend_returns_the_
+    decided_token_when_round_2_missed_a_node. Not modelled: the model's repeat
+    (tests/model) does not commit tags.
 R27 lockservice/test_groups: placement_is_stable_and_even, names_of_a_group_
     keep_their_group_when_others_come_and_go; faults/test_groups:
     a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone
@@ -373,7 +389,7 @@ def inspect_keys(name: str) -> tuple[str, ...]:
 
 
 def lock_keys(name: str) -> tuple[str, ...]:
-    """The keys acquire.lua, release.lua, undo.lua and find.lua take, in their order."""
+    """The keys acquire.lua, release.lua, undo.lua, find.lua and tag.lua take, in their order."""
     return (
         lock_key(name),
         fence_key(name),
