@@ -114,7 +114,7 @@ class Acquirer:
         loop = asyncio.get_running_loop()
         start = loop.time()
         ttl_ms = max(1, int(ttl * 1000))
-        spec = waiter_spec(ttl_ms, mode, permits, tag)
+        spec = waiter_spec(ttl_ms, mode, permits)
         pending = self._handovers.get(lease_id) if ticket else None
         if pending is not None:
             ready = pending.lease(self.quorum, start)

@@ -361,16 +361,17 @@ def fence_key(name: str) -> str:
 
 
 def holder_keys(name: str) -> tuple[str, str]:
-    """A group of shared or semaphore holders (R22): expiries (zset), tokens and tags (hash)."""
+    """A group of shared or semaphore holders (R22): expiries (zset), tokens and committed
+    tags (hash, R26)."""
     return f"holders:{{{name}}}", f"holdert:{{{name}}}"
 
 
-def waiter_spec(ttl_ms: int, mode: str = "exclusive", permits: int = 0, tag: str = "") -> str:
-    """A waiter's entry in waitt:{name}: its ttl, and its kind unless exclusive without a
-    tag (as acquire.lua builds it), so that a hand-over grants what it asked for (R25)."""
-    if mode == "exclusive" and not tag:
+def waiter_spec(ttl_ms: int, mode: str = "exclusive", permits: int = 0) -> str:
+    """A waiter's entry in waitt:{name}: its ttl, and its kind unless exclusive (as
+    acquire.lua builds it), so that a hand-over grants what it asked for (R25)."""
+    if mode == "exclusive":
         return str(ttl_ms)
-    return f"{ttl_ms} {mode} {permits} {tag}"
+    return f"{ttl_ms} {mode} {permits}"
 
 
 def extend_keys(name: str) -> tuple[str, ...]:

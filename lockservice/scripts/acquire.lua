@@ -36,8 +36,8 @@ end
 local id, ttl, ticket = ARGV[1], ARGV[2], ARGV[3]
 local mode, permits, tag = ARGV[7] or 'exclusive', tonumber(ARGV[8] or '0'), ARGV[9] or ''
 local spec = ttl
-if mode ~= 'exclusive' or tag ~= '' then
-  spec = ttl .. ' ' .. mode .. ' ' .. string.format('%d', permits) .. ' ' .. tag
+if mode ~= 'exclusive' then
+  spec = ttl .. ' ' .. mode .. ' ' .. string.format('%d', permits)
 end
 local member = id .. '@' .. ARGV[6]
 local current = holder(KEYS)

@@ -4,8 +4,8 @@
   arrival time, the same on every node), waitx:{name} (score: the time a waiter
   that does not try again drops out) and waitt:{name} (hash: the ttl in ms the
   waiter asked for, so that a release can hand the lock to it, followed by its
-  kind: "<ttl> <mode> <permits> <tag>", or the ttl alone for an exclusive waiter
-  without a tag). A member is "<lease_id>@<process id>".
+  kind: "<ttl> <mode> <permits>", or the ttl alone for an exclusive waiter; an
+  older entry may end with " <tag>", which is ignored). A member is "<lease_id>@<process id>".
   Holders (R22): lock:{name} is "<lease_id>:<token>" for an exclusive lease, or
   "=<mode> <permits>" for a group of shared or semaphore leases, whose members
   are in holders:{name} (KEYS[8], zset: lease_id scored by its expiry, node ms)
@@ -188,13 +188,13 @@ local function tagged(keys, current, tag)
   return nil
 end
 
--- A waiter's kind from its waitt:{name} entry: ttl, mode, permits, tag.
+-- A waiter's kind from its waitt:{name} entry: ttl, mode, permits.
 local function waiter_kind(spec)
-  local ttl, mode, permits, tag = string.match(spec, '^(%d+) (%a+) (%d+) ?(.*)$')
+  local ttl, mode, permits = string.match(spec, '^(%d+) (%a+) (%d+)')
   if not ttl then
-    return spec, 'exclusive', 0, ''
+    return string.match(spec, '^%d+') or spec, 'exclusive', 0
   end
-  return ttl, mode, tonumber(permits), tag
+  return ttl, mode, tonumber(permits)
 end
 
 -- fence:{name} now (0 when no grant was ever made on this node).

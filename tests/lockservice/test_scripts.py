@@ -427,7 +427,7 @@ def test_a_release_hands_the_lock_to_every_shared_waiter_at_the_head(r: redis.Re
 def test_an_undo_of_a_member_names_its_token(r: redis.Redis) -> None:
     take(r, ID_A, "shared")
     take(r, ID_B, "shared")
-    args = undo_args(ID_B, "n", PROC, RUN_ID, ticket="", spec="10000 shared 0 ", grant="")
+    args = undo_args(ID_B, "n", PROC, RUN_ID, ticket="", spec="10000 shared 0", grant="")
     assert run(r, scripts.UNDO, KEYS, [*args[:-1], str(BASE + 1)]) == 0  # A's token: not B's
     assert run(r, scripts.UNDO, KEYS, list(args)) == -(BASE + 2)
     assert r.zrange(HOLDERS, 0, -1) == [ID_A.encode()]
