@@ -148,6 +148,17 @@ class Groups:
             return _both(a, b)
         return next((f for f in found if f is not None), None)
 
+    async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
+        """R26 in every group the name is routed to (the lease holds each, R28); the
+        other lease of the tag as ``find`` would answer it."""
+        found = await asyncio.gather(
+            *(g.commit(name, lease_id, token, tag) for g in self.route(name))
+        )
+        a, b = found[0], found[-1]
+        if len(found) == 2 and a is not None and b is not None and a.lease_id == b.lease_id:
+            return _both(a, b)
+        return next((f for f in found if f is not None), None)
+
     async def _raise(self, group: Redlock, name: str, lease_id: str, token: int) -> None:
         """Raise ``fence:{name}`` to ``token`` on a quorum of ``group`` that this lease holds
         or that is free (``raise_fence.lua``, as round 2 does, R4)."""
