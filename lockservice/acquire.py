@@ -25,6 +25,7 @@ from lockservice.protocol import (
     KEEPALIVE_MS,
     AttemptState,
     drift,
+    grants_needed,
     lock_keys,
     raise_keys,
     waiter_spec,
@@ -72,14 +73,15 @@ class Acquirer:
         self._resyncer = resyncer
         self._health = health
 
-    def _decider(self, before: frozenset[int]) -> Decider[AcquireReply]:
+    def _decider(self, before: frozenset[int], need: int) -> Decider[AcquireReply]:
         """Granted, held or unavailable: decided only once the class is certain.
 
         A held lock must not be reported as a lost quorum because the node that
         would have said "held" had not answered yet. ``before``: nodes whose
-        grant this waiter already holds (handed over by a release).
+        grant this waiter already holds (handed over by a release); ``need``: the
+        grants that make a lease (R3, R27).
         """
-        q = self.quorum
+        q = need
 
         def decided(replies: Sequence[AcquireReply | None]) -> bool:
             granted = held = pending = 0
@@ -115,17 +117,18 @@ class Acquirer:
         start = loop.time()
         ttl_ms = max(1, int(ttl * 1000))
         spec = waiter_spec(ttl_ms, mode, permits)
+        need = grants_needed(mode, len(self.nodes))
         pending = self._handovers.get(lease_id) if ticket else None
         if pending is not None:
-            ready = pending.lease(self.quorum, start)
+            ready = pending.lease(start)
             if ready is not None:  # releases handed it over: no round trip (R9)
                 return await self._grant(name, lease_id, ticket, pending, ready)
             pending.move(AttemptState.TRYING)
         elif ticket:
-            pending = Pending(name, len(self.nodes), ttl, start, spec)
+            pending = Pending(name, len(self.nodes), ttl, start, spec, need=need)
             pending = self._handovers.open(lease_id, pending)
         else:  # a try without waiting: this try's grants alone
-            pending = Pending(name, len(self.nodes), ttl, start, spec)
+            pending = Pending(name, len(self.nodes), ttl, start, spec, need=need)
         pending.nudge_due = False  # this try asks every node anyway
         args = (lease_id, ttl_ms, ticket, KEEPALIVE_MS)
         kind = (mode, permits, tag)
@@ -138,7 +141,7 @@ class Acquirer:
             for node in self.nodes
         ]
         before = pending.valid(start) if pending.grants else frozenset()
-        decided = self._decider(before)
+        decided = self._decider(before, need)
         rnd = await self._rounds.run(futures, parse_acquire, decided, self._health.note)
         busy = []
         tagged: list[Tagged] = []
@@ -166,7 +169,7 @@ class Acquirer:
             if found is not None:
                 return found
             return PermitsMismatch(name, max(set(mismatched), key=mismatched.count), permits)
-        ready = pending.lease(self.quorum, loop.time())
+        ready = pending.lease(loop.time())
         if ready is not None:
             for i, fut in enumerate(futures):  # R16 for nodes that have not answered
                 if rnd.replies[i] is None:
@@ -183,16 +186,16 @@ class Acquirer:
         if granted or (not ticket and None in rnd.replies):
             # R15: a queued waiter keeps grants it is owed while others hold the rest;
             # one that too few nodes answer gives them up, or it would block the lock.
-            self._undo(name, lease_id, ticket, pending, give_up=usable < self.quorum)
-        if granted >= self.quorum:
+            self._undo(name, lease_id, ticket, pending, give_up=usable < need)
+        if granted >= need:
             pending.move(AttemptState.QUEUED)
             return Attempt(0, 0.0, _AGAIN)  # took longer than the ttl: try again
-        if busy and granted + len(busy) >= self.quorum:
+        if busy and granted + len(busy) >= need:
             # 0 ms: the lock is free but earlier waiters are queued; sleep until woken.
             pending.move(AttemptState.QUEUED)
             return Attempt(0, 0.0, max(busy) / 1000)
         pending.move(AttemptState.FAILED)
-        return self._rounds.unavailable(name, rnd, _is_granted)
+        return self._rounds.unavailable(name, rnd, _is_granted, need)
 
     async def _grant(
         self,
@@ -206,7 +209,7 @@ class Acquirer:
         token, valid_until, agreed = ready
         if not agreed:
             pending.move(AttemptState.RAISING)
-            failed = await self._raise_fence(name, lease_id, token)
+            failed = await self._raise_fence(name, lease_id, token, pending.need)
             if failed is not None:
                 self._undo(name, lease_id, ticket, pending, give_up=True)
                 pending.move(AttemptState.FAILED)
@@ -220,17 +223,22 @@ class Acquirer:
         self._handovers.close(lease_id, token)
         return Attempt(token, valid_until, 0.0)
 
-    async def _raise_fence(self, name: str, lease_id: str, token: int) -> QuorumUnavailable | None:
-        """Round 2 (R4); None when Q nodes acked, else why not."""
+    async def _raise_fence(
+        self, name: str, lease_id: str, token: int, need: int
+    ) -> QuorumUnavailable | None:
+        """Round 2 (R4); None when ``need`` nodes acked (Q, or all for a semaphore: R27),
+        else why not."""
         keys = raise_keys(name)
         futures = [node.call(scripts.RAISE_FENCE, keys, (token, lease_id)) for node in self.nodes]
 
         def good(reply: int | Failure) -> bool:
             return isinstance(reply, int) and reply >= token
 
-        decided = self._rounds.decider(good)
+        decided = self._rounds.decider(good, need)
         rnd = await self._rounds.run(futures, parse_count, decided)
-        return None if rnd.count(good) >= self.quorum else self._rounds.unavailable(name, rnd, good)
+        if rnd.count(good) >= need:
+            return None
+        return self._rounds.unavailable(name, rnd, good, need)
 
     def _undo(
         self, name: str, lease_id: str, ticket: str, pending: Pending, *, give_up: bool = False

@@ -90,9 +90,11 @@ class Backend(Protocol):
         under cancellation."""
         ...
 
-    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
+    async def extend(
+        self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
+    ) -> tuple[float, int]:
         """Return the new ``valid_until`` and the lease's token; raise ``LeaseLost`` or
-        ``QuorumUnavailable``."""
+        ``QuorumUnavailable`` (a semaphore lease extends on every node: R27)."""
         ...
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:

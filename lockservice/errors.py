@@ -49,8 +49,9 @@ class LeaseLost(LockServiceError):
 
 
 class QuorumUnavailable(LockServiceError):
-    """Fewer than a majority of the Redis nodes could take part: down, too slow,
-    not resynced after a restart, quarantined, or refusing round 2."""
+    """Fewer than a majority of the Redis nodes (every node, for a semaphore: R27)
+    could take part: down, too slow, not resynced after a restart, quarantined, or
+    refusing round 2."""
 
     code = "quorum_unavailable"
 
@@ -63,7 +64,10 @@ class QuorumUnavailable(LockServiceError):
         retry_after: float | None = None,
     ) -> None:
         summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items())
-        super().__init__(f"no quorum for {name!r}: {needed} of {nodes} nodes needed; {summary}")
+        every = " (a semaphore needs every node)" if needed == nodes > nodes // 2 + 1 else ""
+        super().__init__(
+            f"no quorum for {name!r}: {needed} of {nodes} nodes needed{every}; {summary}"
+        )
         self.name = name
         self.node_errors = dict(node_errors)
         self.needed = needed

@@ -134,9 +134,10 @@ class Rounds:
             on_reply=on_reply,
         )
 
-    def decider(self, good: Callable[[T], bool]) -> Decider[T]:
-        """Decided once Q replies are good, or so many are not that Q cannot be reached."""
-        n, q = self.n, self.quorum
+    def decider(self, good: Callable[[T], bool], need: int = 0) -> Decider[T]:
+        """Decided once Q (or ``need``) replies are good, or so many are not that it
+        cannot be reached."""
+        n, q = self.n, need or self.quorum
 
         def decided(replies: Sequence[T | None]) -> bool:
             ok = sum(r is not None and good(r) for r in replies)
@@ -145,10 +146,14 @@ class Rounds:
 
         return decided
 
-    def unavailable(self, name: str, rnd: Round[T], good: Callable[[T], bool]) -> QuorumUnavailable:
-        """The error of a round without quorum: each node's own reason, of this round,
-        and when quarantines alone keep the quorum out, how long until they end."""
-        short = self.quorum - rnd.count(good)
+    def unavailable(
+        self, name: str, rnd: Round[T], good: Callable[[T], bool], need: int = 0
+    ) -> QuorumUnavailable:
+        """The error of a round without quorum (Q, or ``need`` nodes): each node's own
+        reason, of this round, and when quarantines alone keep the quorum out, how long
+        until they end."""
+        need = need or self.quorum
+        short = need - rnd.count(good)
         ends = sorted(r.pttl / 1000 for r in rnd.replies if isinstance(r, Quarantined))
         retry = ends[short - 1] if 0 < short <= len(ends) else None
-        return QuorumUnavailable(name, rnd.errors(good), self.quorum, self.n, retry)
+        return QuorumUnavailable(name, rnd.errors(good), need, self.n, retry)

@@ -50,6 +50,7 @@ class Pending:
         "given_up",
         "grants",
         "name",
+        "need",
         "nudge_due",
         "parked",
         "queued",
@@ -61,8 +62,11 @@ class Pending:
         "undoing",
     )
 
-    def __init__(self, name: str, nodes: int, ttl: float, start: float, spec: str = "") -> None:
+    def __init__(
+        self, name: str, nodes: int, ttl: float, start: float, spec: str = "", *, need: int = 0
+    ) -> None:
         self.name = name
+        self.need = need or nodes // 2 + 1  # grants that make a lease (R3; every node: R27)
         self.ttl = ttl
         self.spec = spec or str(max(1, int(ttl * 1000)))  # protocol.waiter_spec
         self.floors = [start] * nodes  # per node: no grant there is older than this
@@ -176,15 +180,15 @@ class Pending:
         cut = self.ttl - drift(self.ttl)
         return frozenset(n for n, g in self.grants.items() if g.since + cut > now)
 
-    def lease(self, quorum: int, now: float) -> tuple[int, float, bool] | None:
-        """``(token, valid_until, all tokens agree)`` once ``quorum`` grants are valid."""
+    def lease(self, now: float) -> tuple[int, float, bool] | None:
+        """``(token, valid_until, all tokens agree)`` once ``need`` grants are valid."""
         cut = self.ttl - drift(self.ttl)
         valid = [g for g in self.grants.values() if g.since + cut > now]
-        if len(valid) < quorum:
+        if len(valid) < self.need:
             return None
         ends = sorted((g.since + cut for g in valid), reverse=True)
         tokens = {g.token for g in valid}
-        return max(tokens), ends[quorum - 1], len(tokens) == 1
+        return max(tokens), ends[self.need - 1], len(tokens) == 1
 
 
 class Handovers:
@@ -196,8 +200,7 @@ class Handovers:
     it calls nothing above it.
     """
 
-    def __init__(self, quorum: int, grace: float, waiters: Waiters, cleanups: Cleanups) -> None:
-        self.quorum = quorum
+    def __init__(self, grace: float, waiters: Waiters, cleanups: Cleanups) -> None:
         self._grace = grace
         self._waiters = waiters
         self._cleanups = cleanups
@@ -223,7 +226,7 @@ class Handovers:
             self._recent[lease_id] = token
 
     def _wake_if_ready(self, pending: Pending, lease_id: str) -> bool:
-        if pending.lease(self.quorum, asyncio.get_running_loop().time()) is None:
+        if pending.lease(asyncio.get_running_loop().time()) is None:
             return False
         self._waiters.wake(pending.name, head=lease_id)
         return True

@@ -371,7 +371,9 @@ class LockManager:
             self.events.lease_lost("expired")
             raise LeaseLost(lease.name, "it expired before the extend")
         try:
-            valid_until, token = await self._backend.extend(lease.name, lease.lease_id, ttl)
+            valid_until, token = await self._backend.extend(
+                lease.name, lease.lease_id, ttl, mode=lease.mode
+            )
         except LeaseLost:
             self.events.renewed("lost")
             self.events.lease_lost("expired")

@@ -169,7 +169,9 @@ class MemoryBackend:
                 del self._locks[name]
             self.waiters.wake(name)
 
-    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
+    async def extend(
+        self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
+    ) -> tuple[float, int]:
         now = asyncio.get_running_loop().time()
         held = self._live(name, now)
         holder = None if held is None else held.holders.get(lease_id)

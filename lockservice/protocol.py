@@ -352,6 +352,12 @@ def drift(ttl: float) -> float:
     return ttl * 0.01 + 0.002
 
 
+def grants_needed(mode: str, nodes: int) -> int:
+    """How many nodes' grants make a lease of ``mode`` (R3, R27): a majority, but
+    every node for a semaphore."""
+    return nodes if mode == "semaphore" else nodes // 2 + 1
+
+
 def lock_key(name: str) -> str:
     return f"lock:{{{name}}}"
 

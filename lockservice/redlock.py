@@ -34,6 +34,7 @@ from lockservice.protocol import (
     NodeState,
     drift,
     extend_keys,
+    grants_needed,
     inspect_keys,
     lock_keys,
 )
@@ -96,7 +97,7 @@ class Redlock:
         self.health = Health(labels, events)
         self._cleanups = Cleanups(self.nodes, self._process, horizon=max_ttl)
         grace = max(_HANDOVER_GRACE, node_timeout / 10)
-        self._handovers = Handovers(self.quorum, grace, self.waiters, self._cleanups)
+        self._handovers = Handovers(grace, self.waiters, self._cleanups)
         self.resyncer = Resyncer(
             self.nodes, self.quorum, max_ttl=max_ttl, timeout=node_timeout, health=self.health
         )
@@ -214,24 +215,28 @@ class Redlock:
         return True
 
     # extend, release, reading
-    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
+    async def extend(
+        self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
+    ) -> tuple[float, int]:
+        """Extend on Q nodes, or on every node for a semaphore lease (R27)."""
         start = asyncio.get_running_loop().time()
+        need = grants_needed(mode, len(self.nodes))
         futures = [
             node.call(scripts.EXTEND, extend_keys(name), (lease_id, int(ttl * 1000)))
             for node in self.nodes
         ]
-        decided = self._rounds.decider(_positive)
+        decided = self._rounds.decider(_positive, need)
         rnd = await self._rounds.run(futures, parse_count, decided)
         tokens = [r for r in rnd.replies if isinstance(r, int) and r > 0]
-        if len(tokens) >= self.quorum:
+        if len(tokens) >= need:
             # The decided token is on a quorum of nodes (all grants agreed, or round
             # 2 wrote it: R4) and every quorum meets that one; the rest hold a lower
             # token of the same lease (a round-1 grant round 2 did not reach), so the
             # largest is the decided one. A most-common vote is not: S4, R26.
             return start + ttl - drift(ttl), max(tokens)
-        if rnd.count(_zero) > len(self.nodes) - self.quorum:
+        if rnd.count(_zero) > len(self.nodes) - need:
             raise LeaseLost(name, "it expired or another lease holds it")
-        raise self._rounds.unavailable(name, rnd, _positive)
+        raise self._rounds.unavailable(name, rnd, _positive, need)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         futures = self._cleanups.release(name, lease_id, later=not confirm)
@@ -293,7 +298,9 @@ class Redlock:
         short = self.quorum - able
         retry = waits[short - 1] if len(waits) >= short else None
         causes = "; ".join(f"{k}: {v}" for k, v in rnd.errors(_can_grant).items())
-        reason = f"{able} of {len(self.nodes)} nodes can grant, {self.quorum} needed: {causes}"
+        n = len(self.nodes)
+        need = f"{self.quorum} needed ({n} for a semaphore)"
+        reason = f"{able} of {n} nodes can grant, {need}: {causes}"
         return Readiness(False, reason, retry)
 
 
