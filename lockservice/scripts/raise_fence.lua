@@ -9,7 +9,8 @@
   could be lower than the raised one. Counting only nodes that are free or held by
   the raising lease means every later grant on a counted node comes after the raise.
   A group of shared or semaphore holders counts when the raising lease is one of
-  them (R22): the other members' grants are concurrent with it, not earlier. ]]
+  them and its grant has not expired (R22): the other members' grants are
+  concurrent with it, not earlier. ]]
 local token = tonumber(ARGV[1])
 local id = ARGV[2]
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -21,8 +22,11 @@ local held = redis.call('GET', KEYS[2])
 if held then
   if string.sub(held, 1, 1) == '=' then
     local entry = id ~= '' and redis.call('HGET', KEYS[4], id)
-    if not entry or not redis.call('ZSCORE', KEYS[3], id) then
-      return 0
+    local expiry = entry and redis.call('ZSCORE', KEYS[3], id)
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if not expiry or tonumber(expiry) <= now then
+      return 0  -- not a member, or one whose lease expired (queue.lua: purge_members)
     end
     local tag = string.match(entry, '^%d+ ?(.*)$')
     redis.call('HSET', KEYS[4], id, ARGV[1] .. ' ' .. tag)

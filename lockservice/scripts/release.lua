@@ -25,8 +25,12 @@ elseif member_entry(KEYS, id) then
   freed = true  -- a permit, or the lock when it was the last member
   result = 1
 end
-if dequeue(KEYS[5], KEYS[6], KEYS[7], id .. '@' .. ARGV[4]) == 1 and not current then
-  freed = true  -- this waiter may have been the head that the others waited for
+if dequeue(KEYS[5], KEYS[6], KEYS[7], id .. '@' .. ARGV[4]) == 1
+    and (not current or group_of(current)) then
+  -- this waiter may have been the head that the others waited for: the lock is free,
+  -- or a group holds it that the next head may join (an exclusive waiter leaving
+  -- before shared or semaphore waiters)
+  freed = true
 end
 if freed then
   hand_over(KEYS, ARGV[2], ARGV[3], id, ARGV[5])

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from lockservice import LockManager
+from lockservice import LockManager, QuorumUnavailable
 from lockservice.protocol import holder_keys, lock_keys
 from tests._servers import RedisNode
 from tests.faults.conftest import MAX_TTL, Connect, quarantined, reply_int, wait_until
@@ -45,6 +45,26 @@ async def test_every_kind_keeps_its_invariants_while_a_node_fails(
     assert check.violations == []
     assert set(check.grants) == {"exclusive", "shared", "semaphore"}
     assert sum(check.grants.values()) >= 10 * 25 // 2
+
+
+async def test_with_a_node_killed_semaphores_stop_and_other_kinds_go_on(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R27: a semaphore lease needs every node; exclusive and shared ones a majority."""
+    mgr = await connect(own_redis3)
+    sem = await mgr.acquire_semaphore("kdown/sem", 2, ttl=MAX_TTL)
+    own_redis3[2].kill()
+    with pytest.raises(QuorumUnavailable) as raised:
+        await mgr.acquire_semaphore("kdown/sem", 2, ttl=MAX_TTL, wait=0.5)
+    assert (raised.value.needed, raised.value.nodes) == (3, 3)
+    with pytest.raises(QuorumUnavailable):
+        await mgr.extend(sem, ttl=MAX_TTL)  # not on every node: not extended
+    await mgr.release(sem)  # a release frees what it can
+    shared = await mgr.acquire("kdown/rw", ttl=MAX_TTL, mode="shared")
+    await mgr.release(shared)
+    excl = await mgr.acquire("kdown/rw", ttl=MAX_TTL)
+    assert excl.token > shared.token
+    await mgr.release(excl)
 
 
 def _left_behind(nodes: list[RedisNode], name: str) -> list[tuple[int, str, int]]:

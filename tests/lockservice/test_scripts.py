@@ -474,3 +474,28 @@ def test_a_tag_answers_only_once_its_lease_committed_it(r: redis.Redis) -> None:
     r.delete(QUAR, SYNCED)
     assert run(r, scripts.FIND, KEYS, keys_find) == [-2, 0]
     assert commit(r, ID_C, tag, BASE + 2) == [-2, 0]
+
+
+def test_a_waiter_leaving_while_a_group_holds_hands_over_to_a_joinable_head(
+    r: redis.Redis,
+) -> None:
+    take(r, ID_A, "shared")
+    assert take(r, ID_B, "exclusive", ticket="1", proc="p2")[0] == 0  # type: ignore[index]
+    assert take(r, ID_C, "shared", ticket="2", proc="p3")[0] == 0  # type: ignore[index]
+    pubsub = listen(r, f"{CHAN}:p3")
+    assert release(r, ID_B, proc="p2") == 0  # the exclusive waiter leaves the queue
+    message = pubsub.get_message(timeout=1)
+    assert message is not None
+    assert message["data"] == f"n\n{ID_B}\n{ID_C}\n{BASE + 2}".encode()
+    assert r.zrange(HOLDERS, 0, -1) == [ID_A.encode(), ID_C.encode()]
+    assert r.zcard(WAITQ) == 0
+    pubsub.close()
+
+
+def test_raise_fence_does_not_count_an_expired_member(r: redis.Redis) -> None:
+    take(r, ID_A, "semaphore", 2, ttl=50)
+    take(r, ID_B, "semaphore", 2, ttl=10_000)  # keeps the group (and A's entry) alive
+    time.sleep(0.06)
+    assert r.zscore(HOLDERS, ID_A) is not None  # nothing purged it yet
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 9, ID_A]) == 0
+    assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 10, ID_B]) == BASE + 10

@@ -185,13 +185,14 @@ def _hand_over(
 def release(
     node: Node, lease: Lease, now: int, ttl: int, rules: Rules, kinds: Kinds = ALL_EXCLUSIVE
 ) -> Result:
-    """release.lua (a release, or an abandon: leave the queue too)."""
-    held = not node.free()
+    """release.lua (a release, or an abandon: leave the queue too). A waiter that
+    leaves hands over when the lock is free or a group holds it (its head may join)."""
     owned = node.held_by(lease)
     if owned:
         node = node.without(lease)
     node, dequeued = node.dequeue(lease)
-    node, published = _hand_over(node, owned or (dequeued and not held), now, ttl, rules, kinds)
+    freed = owned or (dequeued and node.lock is None)
+    node, published = _hand_over(node, freed, now, ttl, rules, kinds)
     return node, int(owned), published
 
 
