@@ -18,7 +18,11 @@ Lock kinds share one namespace and one counter per name: a name is held by one
 *semaphore* leases of ``permits`` N. I1 and I2 read, with I5 and I6 added:
 
 - **I1** no exclusive lease is valid together with any other lease of its name.
-- **I5** never more than N semaphore leases of a name are valid at once.
+- **I5** never more than N semaphore leases of a name are valid at once. Each
+  node caps its holders at N; over majority quorums those caps do not add up
+  (leases on {n1,n2}, {n1,n3} and {n2,n3} leave every node at 2 holders), so a
+  semaphore lease is granted, raised and extended on *every* node (R32): any
+  valid lease then holds a place on every node, and one node's cap bounds them.
 - **I2** a grant's token is greater than the token of every grant completed
   before its acquire began (for exclusive leases that is every earlier grant,
   since they never overlap); grants whose acquires overlap are not ordered
@@ -46,7 +50,7 @@ R1  A grant is one script: ``SET lock NX PX ttl`` and ``INCR fence`` together
     (``queue.lua: grant``).                                                [I2]
 R2  Counters never go down and are never deleted; a missing counter restarts
     above the node's synced token base (``queue.lua: grant``).             [I2]
-R3  A lease needs grants on Q nodes; its token is the largest of their tokens:
+R3  A lease needs grants on Q nodes (a semaphore's on all N: R32); its token is the largest of their tokens:
     every earlier lease's quorum shares a node with this one (``acquire``,
     ``handover.Pending.lease``).                                          [I1, I2]
 R4  Round 2: when those tokens differ, the counters are raised to the token on
@@ -136,8 +140,9 @@ R22 Modes: an exclusive request conflicts with every holder; a shared one joins
     script that grants looks at both, and a group's keys expire with its last member (``queue.lua:
     joinable``, ``grant``, ``holder``; ``memory._conflicts``). Extend, release,
     undo (R13 names a member's token alike) and round 2 (R4: a group counts
-    when the raising lease is a member: the others' grants are concurrent with
-    it, not earlier) work per lease for every kind.                 [I1, I5]
+    when the raising lease is a member whose grant has not expired: the
+    others' grants are concurrent with it, not earlier) work per lease for
+    every kind.                                                     [I1, I5]
 R23 Every grant issues a new token, a shared one too (R1): a node orders its
     grants by token (R11-R13 compare them), so two grants on a node must not
     share one. A shared lease's token is thus the newest issued for the name
@@ -157,7 +162,8 @@ R25 FIFO across kinds: a request joins the holders only when no earlier waiter
     shared requests that come after it; the hand-over grants the queue's head
     and then every next waiter that may join (all shared waiters at the head,
     semaphore waiters while permits are left), publishing to each (``queue.lua:
-    hand_over``). In one process the manager's per-name turns keep arrival
+    hand_over``); a waiter that leaves the queue hands over alike when the lock
+    is free or a group holds it, since the next head may join (``release.lua``). In one process the manager's per-name turns keep arrival
     order (``turns``).                                    [no writer starvation]
 R26 An idempotency tag (a digest of the key and of the kind, ``lease.
     idempotency_tag``, never the key) names a lease only once its owner has
@@ -218,12 +224,23 @@ R31 A lease of a moved name is extended only while both groups hold it: a
     group after it ended in the other. A release goes to both
     (``Groups.extend``, ``Groups.release``).                            [I1, I4]
 
+R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
+    hand-over (``Pending.need``), round 2 and an extend count N nodes; fewer is
+    undone like a failed try (extend: the lease keeps its old validity, or is
+    lost when a node no longer holds it). An extend on a majority alone would
+    let the grant expire on the other nodes, whose place a new lease takes.
+    Release and undo free what they reach, as for every kind. The price: one
+    node down, paused or quarantined stops new semaphore leases and their
+    extends (exclusive and shared locks keep majority quorums); permits held in
+    slots (one key per permit, each a Redlock) would lift it later
+    (``protocol.grants_needed``, ``acquire``, ``redlock.extend``).        [I5]
+
 Where each rule is checked (test functions under ``tests/``, ``test_`` left
 out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 (``waiter.py``) and the client and resync steps (``protocol_model.py``); its
 README has the table rule -> model step -> counterexample. Rules whose switch
-gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22, R23
-(R10, R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
+gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22, R23,
+R32 (R10, R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
 counterexample was found within the bounds searched. R27-R31 (Redlock groups)
 are not in the model: their counterexamples are tests on real nodes.
 
@@ -310,6 +327,10 @@ R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     without the copy), carry_over_waits_for_leases_of_the_old_configuration;
     counterexample without it: without_the_carry_over_tokens_go_backwards
 R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost
+R32 faults/test_semaphore_every_node: a_semaphore_never_has_more_valid_leases_
+    than_permits_over_majorities, a_semaphore_extend_that_misses_a_node_does_not_
+    extend; faults/test_kinds_faults: with_a_node_killed_semaphores_stop_and_
+    other_kinds_go_on; model: without_the_rule (R32)
 """
 
 from __future__ import annotations
@@ -353,7 +374,7 @@ def drift(ttl: float) -> float:
 
 
 def grants_needed(mode: str, nodes: int) -> int:
-    """How many nodes' grants make a lease of ``mode`` (R3, R27): a majority, but
+    """How many nodes' grants make a lease of ``mode`` (R3, R32): a majority, but
     every node for a semaphore."""
     return nodes if mode == "semaphore" else nodes // 2 + 1
 

@@ -60,6 +60,13 @@ class Model:
         return State(0, nodes, (Client(),) * self.b.clients, (), ())
 
     # helpers
+    def _need(self, c: int) -> int:
+        """Grants (and acks of round 2 and extend) that make client ``c``'s lease: a
+        majority, or every node for a semaphore (R27)."""
+        if self.kinds.of((c, 0)) == "semaphore" and self.rules.on("R27"):
+            return self.n
+        return self.q
+
     def _client(self, s: State, c: int, **kw: Any) -> State:
         return s._replace(clients=put(s.clients, c, s.clients[c]._replace(**kw)))
 
@@ -83,7 +90,7 @@ class Model:
         """A try: a hand-over quorum is a lease at once; else ask every node."""
         cl = s.clients[c]
         assert cl.pending is not None
-        ready = cl.pending.lease(self.q, s.now, self.cut, self.rules)
+        ready = cl.pending.lease(self._need(c), s.now, self.cut, self.rules)
         if ready is not None:
             return self._grant(s, c, ready)
         before = cl.pending.valid(s.now, self.cut)
@@ -156,21 +163,22 @@ class Model:
                 busy += 1
                 pending = pending.refused(i, cl.start, extra, self.rules)
         s = self._client(s, c, pending=pending)
-        ready = pending.lease(self.q, s.now, self.cut, self.rules)
+        need = self._need(c)
+        ready = pending.lease(need, s.now, self.cut, self.rules)
         if ready is not None:
             s = self._client(s, c, deaf=cl.deaf | {cl.tries})
             return self._grant(s, c, ready)
         granted = pending.held()
         if granted:
-            s = self._undo(s, c, give_up=usable < self.q)
-        if granted >= self.q or (busy and granted + busy >= self.q):
+            s = self._undo(s, c, give_up=usable < need)
+        if granted >= need or (busy and granted + busy >= need):
             return self._client(s, c, phase="waiting")
         return self._abandon(s, c)  # QuorumUnavailable
 
     def _after_raise(self, s: State, c: int) -> State:
         cl = s.clients[c]
         ok = sum(isinstance(r, int) and r >= cl.token for r in cl.replies)
-        if ok >= self.q:
+        if ok >= self._need(c):
             assert cl.pending is not None
             s = self._client(s, c, pending=cl.pending.retoken(cl.token))
             return self._leased(s, c, cl.token, cl.valid_until)
@@ -179,14 +187,15 @@ class Model:
     def _after_extend(self, s: State, c: int) -> State:
         cl = s.clients[c]
         ok = sum(isinstance(r, int) and r > 0 for r in cl.replies)
-        if ok >= self.q:
+        need = self._need(c)
+        if ok >= need:
             return self._client(s, c, phase="holding", valid_until=cl.start + self.cut)
-        if sum(r == 0 for r in cl.replies) > self.n - self.q:
+        if sum(r == 0 for r in cl.replies) > self.n - need:
             return self._client(s, c, phase="idle")  # LeaseLost: the holder stops
         return self._client(s, c, phase="holding")  # QuorumUnavailable: as it was
 
-    def _decided(self, cl: Client) -> bool:
-        r = cl.replies
+    def _decided(self, cl: Client, c: int) -> bool:
+        r, q = cl.replies, self._need(c)
         if cl.phase == "trying":  # acquire.py _decider
             granted = held = pending = 0
             for i, reply in enumerate(r):
@@ -198,15 +207,15 @@ class Model:
                     granted += 1
                 elif isinstance(reply, tuple) and reply[0] == 0:
                     held += 1
-            if granted >= self.q:
+            if granted >= q:
                 return True
-            if granted + pending >= self.q:
+            if granted + pending >= q:
                 return False
-            return granted + held >= self.q or granted + held + pending < self.q or not pending
-        need = cl.token if cl.phase == "raising" else 1
-        ok = sum(isinstance(x, int) and x >= need for x in r)
+            return granted + held >= q or granted + held + pending < q or not pending
+        least = cl.token if cl.phase == "raising" else 1
+        ok = sum(isinstance(x, int) and x >= least for x in r)
         bad = sum(x is not None for x in r) - ok
-        return ok >= self.q or bad > self.n - self.q or None not in r
+        return ok >= q or bad > self.n - q or None not in r
 
     def _client_steps(self, s: State, c: int) -> Iterator[tuple[Label, State]]:
         cl = s.clients[c]
@@ -222,7 +231,8 @@ class Model:
             yield ("acquire", c), self._attempt(s2, c)
         elif cl.phase == "waiting":
             assert cl.pending is not None
-            if cl.tries < b.tries or cl.pending.lease(self.q, s.now, self.cut, self.rules):
+            ready = cl.pending.lease(self._need(c), s.now, self.cut, self.rules)
+            if cl.tries < b.tries or ready:
                 yield ("retry", c), self._attempt(s, c)
             else:  # the deadline: a waiter gives up after its last try (a bound)
                 yield ("give up", c), self._abandon(s, c)
@@ -230,7 +240,7 @@ class Model:
             after = {"trying": self._after_try, "raising": self._after_raise}.get(
                 cl.phase, self._after_extend
             )
-            if self._decided(cl):
+            if self._decided(cl, c):
                 yield ("decide", c, cl.phase), after(s, c)
             elif None in cl.replies and self._may(s, "timeout"):  # a slow node: a fault
                 yield ("time out", c, cl.phase), after(s._replace(faults=s.faults + 1), c)
@@ -303,7 +313,7 @@ class Model:
     def _answered(self, s: State, c: int) -> State:
         """A round goes on as soon as it is decided (the answer's callback decides it)."""
         cl = s.clients[c]
-        if not self._decided(cl):
+        if not self._decided(cl, c):
             return s
         if cl.phase == "trying":
             return self._after_try(s, c)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.model.explore import explore, main, replay
 from tests.model.node_scripts import Kinds, Node, acquire, release, undo
-from tests.model.protocol_model import Bounds, Model
+from tests.model.protocol_model import Bounds, Model, State
 from tests.model.waiter import Rules
 
 DEEP = os.environ.get("FENCEGATE_MODEL_DEEP") == "1"
@@ -102,6 +102,80 @@ DEEP_TEETH: dict[str, tuple[Bounds, str]] = {
 # from it is missed by the copy (see README.md of this folder). Counters start at 5
 # (earlier leases), so resync.py's new-cluster rule would not apply either.
 RACE = Bounds(max_time=2, faults=1, kinds=CRASH, reorders=1, tries=1, capacity=1, counter=5)
+
+
+# The reviewer's scenario (I5 over majorities, R27): three semaphore clients of 2
+# permits, each of whose tries misses one node (a dropped connection), L0 on nodes
+# {0,1}, L1 on {0,2}, L2 on {1,2}: every node holds 2, and 3 leases are valid.
+SEM_MINORITY = Bounds(
+    clients=3,
+    modes=("semaphore",) * 3,
+    permits=2,
+    max_time=0,
+    faults=3,
+    kinds=frozenset({"drop"}),
+    reorders=0,
+    tries=1,
+    capacity=3,
+)
+MISSES = ((0, 2), (1, 1), (2, 0))  # (client, the node its try misses)
+
+
+def _step(model: Model, state: State, want: tuple[object, ...]) -> State | None:
+    """The first successor whose label starts with ``want``."""
+    for label, nxt in model.successors(state):
+        if label[: len(want)] == want:
+            return nxt
+    return None
+
+
+def _each_missing_one_node(model: Model, clients: int) -> State:
+    """The first ``clients`` of MISSES acquire in turn, each with its connection to one
+    node dropped, every other request run in order until its acquire is decided."""
+    state = model.initial()
+    for c, miss in MISSES[:clients]:
+        for want in (("acquire", c), ("DROP connection", c, miss)):
+            nxt = _step(model, state, want)
+            assert nxt is not None, want
+            state = nxt
+        for _ in range(20):
+            if state.clients[c].phase not in ("trying", "raising"):
+                break
+            nxt = _step(model, state, ("run",))
+            if nxt is None:
+                break
+            state = nxt
+    return state
+
+
+def test_without_the_rule_a_semaphore_over_majorities_exceeds_its_permits() -> None:
+    """R27: without it the reviewer's schedule gives 3 valid leases of 2 permits, and
+    from two of them the explorer finds the third; with it every such try fails."""
+    loose = Model(SEM_MINORITY, frozenset({"R27"}))
+    broken = _each_missing_one_node(loose, 3)
+    assert [cl.phase for cl in broken.clients] == ["holding"] * 3
+    assert (loose.violation(broken) or "").startswith("I5:"), loose.violation(broken)
+    result = explore(loose, start=_each_missing_one_node(loose, 2), seconds=20)
+    print("\n".join(result.trace))
+    assert result.violation is not None
+    assert result.violation.startswith("I5:"), result.violation
+    full = Model(SEM_MINORITY)
+    state = _each_missing_one_node(full, 3)
+    assert full.violation(state) is None
+    assert [cl.phase for cl in state.clients] == ["idle"] * 3  # QuorumUnavailable, undone
+    assert all(node.free() for node in state.nodes)
+
+
+@pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
+def test_without_the_rule_the_explorer_finds_leases_on_different_majorities() -> None:
+    """R27, deep: from L0 granted on nodes {0,1} (its try to node 2 dropped), the
+    explorer finds two more leases on other majorities (11 steps, about 30 s)."""
+    loose = Model(SEM_MINORITY, frozenset({"R27"}))
+    result = explore(loose, start=_each_missing_one_node(loose, 1), seconds=120)
+    print(result.summary())
+    print("\n".join(result.trace))
+    assert result.violation is not None, result.summary()
+    assert result.violation.startswith("I5:"), result.violation
 
 
 @pytest.mark.parametrize("name", sorted(HOLDS))
@@ -237,3 +311,17 @@ def test_the_command_line_prints_the_trace_and_rate(capsys: pytest.CaptureFixtur
     assert "CRASH node" in out
     assert "VIOLATION I1" in out
     assert "states/s" in out
+
+
+def test_the_node_model_hands_over_when_a_waiter_leaves_a_group() -> None:
+    """release.lua: an exclusive waiter leaving while a group holds hands the lock to
+    the joinable shared head behind it (as when the lock is free)."""
+    rules, kinds = Rules(), Kinds(("shared", "exclusive", "shared"))
+    node, _, _ = acquire(Node(), (0, 1), 0, 0, 2, rules, kinds)
+    node, _, _ = acquire(node, (1, 1), 1, 0, 2, rules, kinds)  # queued: a group holds
+    node, _, _ = acquire(node, (2, 1), 2, 0, 2, rules, kinds)  # queued behind it (R25)
+    node, reply, published = release(node, (1, 1), 0, 2, rules, kinds)
+    assert reply == 0
+    assert published == (((2, 1), 2),)
+    assert [m[0] for m in node.group] == [(0, 1), (2, 1)]
+    assert node.queue == ()
