@@ -50,9 +50,9 @@ R1  A grant is one script: ``SET lock NX PX ttl`` and ``INCR fence`` together
     (``queue.lua: grant``).                                                [I2]
 R2  Counters never go down and are never deleted; a missing counter restarts
     above the node's synced token base (``queue.lua: grant``).             [I2]
-R3  A lease needs grants on Q nodes (a semaphore's on all N: R32); its token is the largest of their tokens:
-    every earlier lease's quorum shares a node with this one (``acquire``,
-    ``handover.Pending.lease``).                                          [I1, I2]
+R3  A lease needs grants on Q nodes (a semaphore's on all N: R32); its token
+    is the largest of their tokens: every earlier lease's quorum shares a node
+    with this one (``acquire``, ``handover.Pending.lease``).              [I1, I2]
 R4  Round 2: when those tokens differ, the counters are raised to the token on
     every node, and the lease exists only once Q nodes acked; a node counts
     only when it is free or held by the raising lease, so that no grant older
@@ -163,8 +163,9 @@ R25 FIFO across kinds: a request joins the holders only when no earlier waiter
     and then every next waiter that may join (all shared waiters at the head,
     semaphore waiters while permits are left), publishing to each (``queue.lua:
     hand_over``); a waiter that leaves the queue hands over alike when the lock
-    is free or a group holds it, since the next head may join (``release.lua``). In one process the manager's per-name turns keep arrival
-    order (``turns``).                                    [no writer starvation]
+    is free or a group holds it, since the next head may join (``release.lua``).
+    In one process the manager's per-name turns keep arrival order
+    (``turns``).                                          [no writer starvation]
 R26 An idempotency tag (a digest of the key and of the kind, ``lease.
     idempotency_tag``, never the key) names a lease only once its owner has
     decided it: no script that grants stores a tag (a grant is not yet a lease:
@@ -293,7 +294,8 @@ R22 lockservice/test_kinds: shared_leases_hold_together_and_exclude_an_exclusive
     leases_of_each_kind_leave_nothing; test_scripts: shared_leases_join_a_group_...,
     a_semaphore_holds_up_to_its_permits_..., expired_members_leave_the_group,
     an_undo_of_a_member_names_its_token, raise_fence_counts_a_group_only_for_its_
-    members; model: without_the_rule (R22), every_invariant_holds_for_shared_...
+    members, raise_fence_does_not_count_an_expired_member; model: without_the_
+    rule (R22), every_invariant_holds_for_shared_...
 R23 gateway/test_shared_lock_fencing: a_late_exclusive_write_is_refused_after_a_
     shared_read (fails with shared grants reusing the counter; also shows that
     DESIGN's "newest issued" token lets the late write through); test_kinds:
@@ -305,8 +307,9 @@ R24 test_kinds: a_semaphore_grants_up_to_permits_leases_with_increasing_tokens;
 R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests,
     shared_waiters_at_the_head_are_granted_together, a_stream_of_shared_requests_
     does_not_starve_a_queued_exclusive; test_scripts: a_release_hands_the_lock_to_
-    every_shared_waiter_at_the_head; model: the_node_model_follows_the_scripts_for_
-    groups
+    every_shared_waiter_at_the_head, a_waiter_leaving_while_a_group_holds_hands_
+    over_to_a_joinable_head; model: the_node_model_follows_the_scripts_for_groups,
+    the_node_model_hands_over_when_a_waiter_leaves_a_group
 R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     a_repeat_is_answered_even_behind_queued_waiters, idempotent_shared_and_
     semaphore_leases, two_queued_shared_acquires_with_one_key_end_with_one_lease;
@@ -330,7 +333,9 @@ R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost
 R32 faults/test_semaphore_every_node: a_semaphore_never_has_more_valid_leases_
     than_permits_over_majorities, a_semaphore_extend_that_misses_a_node_does_not_
     extend; faults/test_kinds_faults: with_a_node_killed_semaphores_stop_and_
-    other_kinds_go_on; model: without_the_rule (R32)
+    other_kinds_go_on; test_handover: a_semaphore_waiter_holds_once_every_node_
+    handed_it_over; model: without_the_rule_a_semaphore_over_majorities_exceeds_
+    its_permits
 """
 
 from __future__ import annotations

@@ -36,18 +36,29 @@ def test_a_handed_over_grant_counts_from_the_last_refused_try() -> None:
     p.handed(1, 7)  # node 1 never answered a try: counts from the first try
     assert p.grants[0].since == 101.0
     assert p.grants[1].since == 100.0
-    assert p.lease(2, now=101.0) == (7, 100.0 + CUT, True)
+    assert p.lease(now=101.0) == (7, 100.0 + CUT, True)
 
 
 def test_a_quorum_of_valid_grants_makes_the_lease_and_the_highest_token_wins() -> None:
     p = Pending("n", 3, TTL, start=0.0)
     p.handed(0, 5)
-    assert p.lease(2, now=1.0) is None
+    assert p.lease(now=1.0) is None
     p.granted(2, 9, sent=3.0)
-    token, valid_until, agreed = p.lease(2, now=3.5)  # type: ignore[misc]
+    token, valid_until, agreed = p.lease(now=3.5)  # type: ignore[misc]
     assert (token, agreed) == (9, False)  # round 2 needed
     assert valid_until == 0.0 + CUT  # the second-latest end: a quorum holds until then
-    assert p.lease(2, now=CUT + 0.1) is None  # node 0's grant ran out: no quorum left
+    assert p.lease(now=CUT + 0.1) is None  # node 0's grant ran out: no quorum left
+
+
+def test_a_semaphore_waiter_holds_once_every_node_handed_it_over() -> None:
+    """R27: two of three hand-overs are no semaphore lease; the third makes it, valid
+    until the earliest grant ends."""
+    p = Pending("n", 3, TTL, start=0.0, need=3)
+    p.handed(0, 5)
+    p.granted(2, 9, sent=3.0)
+    assert p.lease(now=3.5) is None
+    p.granted(1, 8, sent=2.0)
+    assert p.lease(now=3.5) == (9, 0.0 + CUT, False)
 
 
 def test_an_undo_sets_grants_aside_until_each_node_answers() -> None:
@@ -55,14 +66,14 @@ def test_an_undo_sets_grants_aside_until_each_node_answers() -> None:
     p.handed(0, 5)
     p.handed(1, 5)
     assert p.park() == {0: 5, 1: 5}
-    assert p.lease(2, now=1.0) is None  # nothing counts while the undo is out
+    assert p.lease(now=1.0) is None  # nothing counts while the undo is out
     p.undone(0, 5, 5)  # kept
     p.undone(1, 5, -5)  # given to an earlier waiter
     assert set(p.grants) == {0}
     p.handed(1, 5)  # that grant's message, arriving after the undo's answer
     assert set(p.grants) == {0}
     p.handed(1, 6)  # a new hand-over after the earlier waiter released
-    assert p.lease(2, now=1.0) == (6, CUT, False)
+    assert p.lease(now=1.0) == (6, CUT, False)
 
 
 def test_a_message_older_than_a_queued_answer_is_ignored() -> None:
@@ -110,12 +121,12 @@ def test_nothing_a_node_says_counts_while_an_undo_to_it_is_unanswered() -> None:
     p.handed(1, 7)
     assert p.park() == {0: 7, 1: 7}  # the failed try's undos are on their way
     p.granted(1, 7, sent=0.5)  # the try's answer from node 1, late
-    assert p.lease(2, now=1.0) is None
+    assert p.lease(now=1.0) is None
     p.undone(1, 7, -7)  # ... and the undo gave that grant to an earlier waiter
     p.undone(0, 7, 7)  # node 0 kept its hand-over
     assert set(p.grants) == {0}
     p.handed(2, 9)  # a hand-over from a node no undo went to
-    assert p.lease(2, now=1.0) == (9, CUT, False)
+    assert p.lease(now=1.0) == (9, CUT, False)
 
 
 # ------------------------------------------------------------ real nodes
