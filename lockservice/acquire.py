@@ -79,7 +79,7 @@ class Acquirer:
         A held lock must not be reported as a lost quorum because the node that
         would have said "held" had not answered yet. ``before``: nodes whose
         grant this waiter already holds (handed over by a release); ``need``: the
-        grants that make a lease (R3, R27).
+        grants that make a lease (R3, R32).
         """
         q = need
 
@@ -226,7 +226,7 @@ class Acquirer:
     async def _raise_fence(
         self, name: str, lease_id: str, token: int, need: int
     ) -> QuorumUnavailable | None:
-        """Round 2 (R4); None when ``need`` nodes acked (Q, or all for a semaphore: R27),
+        """Round 2 (R4); None when ``need`` nodes acked (Q, or all for a semaphore: R32),
         else why not."""
         keys = raise_keys(name)
         futures = [node.call(scripts.RAISE_FENCE, keys, (token, lease_id)) for node in self.nodes]

@@ -94,7 +94,7 @@ class Backend(Protocol):
         self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
     ) -> tuple[float, int]:
         """Return the new ``valid_until`` and the lease's token; raise ``LeaseLost`` or
-        ``QuorumUnavailable`` (a semaphore lease extends on every node: R27)."""
+        ``QuorumUnavailable`` (a semaphore lease extends on every node: R32)."""
         ...
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:

@@ -49,7 +49,7 @@ class LeaseLost(LockServiceError):
 
 
 class QuorumUnavailable(LockServiceError):
-    """Fewer than a majority of the Redis nodes (every node, for a semaphore: R27)
+    """Fewer than a majority of the Redis nodes (every node, for a semaphore: R32)
     could take part: down, too slow, not resynced after a restart, quarantined, or
     refusing round 2."""
 

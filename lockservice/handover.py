@@ -66,7 +66,7 @@ class Pending:
         self, name: str, nodes: int, ttl: float, start: float, spec: str = "", *, need: int = 0
     ) -> None:
         self.name = name
-        self.need = need or nodes // 2 + 1  # grants that make a lease (R3; every node: R27)
+        self.need = need or nodes // 2 + 1  # grants that make a lease (R3; every node: R32)
         self.ttl = ttl
         self.spec = spec or str(max(1, int(ttl * 1000)))  # protocol.waiter_spec
         self.floors = [start] * nodes  # per node: no grant there is older than this

@@ -218,7 +218,7 @@ class Redlock:
     async def extend(
         self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
     ) -> tuple[float, int]:
-        """Extend on Q nodes, or on every node for a semaphore lease (R27)."""
+        """Extend on Q nodes, or on every node for a semaphore lease (R32)."""
         start = asyncio.get_running_loop().time()
         need = grants_needed(mode, len(self.nodes))
         futures = [

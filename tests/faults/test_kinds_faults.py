@@ -50,7 +50,7 @@ async def test_every_kind_keeps_its_invariants_while_a_node_fails(
 async def test_with_a_node_killed_semaphores_stop_and_other_kinds_go_on(
     own_redis3: list[RedisNode], connect: Connect
 ) -> None:
-    """R27: a semaphore lease needs every node; exclusive and shared ones a majority."""
+    """R32: a semaphore lease needs every node; exclusive and shared ones a majority."""
     mgr = await connect(own_redis3)
     sem = await mgr.acquire_semaphore("kdown/sem", 2, ttl=MAX_TTL)
     own_redis3[2].kill()

@@ -1,10 +1,10 @@
-"""I5 over majority quorums (R27): a semaphore lease needs every node's grant.
+"""I5 over majority quorums (R32): a semaphore lease needs every node's grant.
 
 Per-node caps of ``permits`` do not add up over majorities: with 3 nodes and
 permits 2, leases granted on {n1,n2}, {n1,n3} and {n2,n3} leave every node at 2
 holders and make 3 valid leases. Each manager here reaches the nodes through
 its own proxies; before each grant one of its links is cut (a minority), as a
-gateway that cannot reach one node. R27 makes those acquires fail; once every
+gateway that cannot reach one node. R32 makes those acquires fail; once every
 link is back the semaphore grants again.
 """
 
@@ -103,7 +103,7 @@ async def test_a_semaphore_extend_that_misses_a_node_does_not_extend(
     linked: list[tuple[LockManager, list[FaultProxy]]],
 ) -> None:
     """Extended on a majority only, a lease would outlive its grant on the other node,
-    whose slot a new lease could take: an extend counts only on every node (R27)."""
+    whose slot a new lease could take: an extend counts only on every node (R32)."""
     mgr, proxies = linked[0]
     lease = await mgr.acquire_semaphore("sem/extend", PERMITS, ttl=5.0, wait=0.0)
     await _reach(mgr, proxies, 1)

@@ -51,7 +51,7 @@ def test_a_quorum_of_valid_grants_makes_the_lease_and_the_highest_token_wins() -
 
 
 def test_a_semaphore_waiter_holds_once_every_node_handed_it_over() -> None:
-    """R27: two of three hand-overs are no semaphore lease; the third makes it, valid
+    """R32: two of three hand-overs are no semaphore lease; the third makes it, valid
     until the earliest grant ends."""
     p = Pending("n", 3, TTL, start=0.0, need=3)
     p.handed(0, 5)

@@ -62,8 +62,8 @@ class Model:
     # helpers
     def _need(self, c: int) -> int:
         """Grants (and acks of round 2 and extend) that make client ``c``'s lease: a
-        majority, or every node for a semaphore (R27)."""
-        if self.kinds.of((c, 0)) == "semaphore" and self.rules.on("R27"):
+        majority, or every node for a semaphore (R32)."""
+        if self.kinds.of((c, 0)) == "semaphore" and self.rules.on("R32"):
             return self.n
         return self.q
 

@@ -104,7 +104,7 @@ DEEP_TEETH: dict[str, tuple[Bounds, str]] = {
 RACE = Bounds(max_time=2, faults=1, kinds=CRASH, reorders=1, tries=1, capacity=1, counter=5)
 
 
-# The reviewer's scenario (I5 over majorities, R27): three semaphore clients of 2
+# The reviewer's scenario (I5 over majorities, R32): three semaphore clients of 2
 # permits, each of whose tries misses one node (a dropped connection), L0 on nodes
 # {0,1}, L1 on {0,2}, L2 on {1,2}: every node holds 2, and 3 leases are valid.
 SEM_MINORITY = Bounds(
@@ -149,9 +149,9 @@ def _each_missing_one_node(model: Model, clients: int) -> State:
 
 
 def test_without_the_rule_a_semaphore_over_majorities_exceeds_its_permits() -> None:
-    """R27: without it the reviewer's schedule gives 3 valid leases of 2 permits, and
+    """R32: without it the reviewer's schedule gives 3 valid leases of 2 permits, and
     from two of them the explorer finds the third; with it every such try fails."""
-    loose = Model(SEM_MINORITY, frozenset({"R27"}))
+    loose = Model(SEM_MINORITY, frozenset({"R32"}))
     broken = _each_missing_one_node(loose, 3)
     assert [cl.phase for cl in broken.clients] == ["holding"] * 3
     assert (loose.violation(broken) or "").startswith("I5:"), loose.violation(broken)
@@ -168,9 +168,9 @@ def test_without_the_rule_a_semaphore_over_majorities_exceeds_its_permits() -> N
 
 @pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
 def test_without_the_rule_the_explorer_finds_leases_on_different_majorities() -> None:
-    """R27, deep: from L0 granted on nodes {0,1} (its try to node 2 dropped), the
+    """R32, deep: from L0 granted on nodes {0,1} (its try to node 2 dropped), the
     explorer finds two more leases on other majorities (11 steps, about 30 s)."""
-    loose = Model(SEM_MINORITY, frozenset({"R27"}))
+    loose = Model(SEM_MINORITY, frozenset({"R32"}))
     result = explore(loose, start=_each_missing_one_node(loose, 1), seconds=120)
     print(result.summary())
     print("\n".join(result.trace))
