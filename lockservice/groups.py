@@ -23,7 +23,7 @@ from lockservice.events import LockEvents
 from lockservice.lease import LockInfo
 from lockservice.node import parse_node_url
 from lockservice.placement import GroupSpec, owner
-from lockservice.protocol import raise_keys
+from lockservice.protocol import grants_needed, raise_keys
 from lockservice.redlock import Redlock
 from lockservice.resp import Reply
 from lockservice.waiters import Waiters
@@ -135,7 +135,7 @@ class Groups:
         # R29: both counters at least the token before the lease exists.
         for group, got in ((old, first.token), (new, second.token)):
             if got < token:
-                await self._raise(group, name, lease_id, token)
+                await self._raise(group, name, lease_id, token, mode)
         valid_until = min(first.valid_until, second.valid_until)
         if valid_until <= asyncio.get_running_loop().time():
             return Attempt(0, 0.0, 0.001)  # took longer than the ttl: both issued anew
@@ -159,9 +159,10 @@ class Groups:
             return _both(a, b)
         return next((f for f in found if f is not None), None)
 
-    async def _raise(self, group: Redlock, name: str, lease_id: str, token: int) -> None:
-        """Raise ``fence:{name}`` to ``token`` on a quorum of ``group`` that this lease holds
-        or that is free (``raise_fence.lua``, as round 2 does, R4)."""
+    async def _raise(self, group: Redlock, name: str, lease_id: str, token: int, mode: str) -> None:
+        """Raise ``fence:{name}`` to ``token`` on a quorum of ``group`` (every node of it
+        for a semaphore, R32) that this lease holds or that is free (``raise_fence.lua``,
+        as round 2 does, R4)."""
         keys = raise_keys(name)
         futures = [n.call(scripts.RAISE_FENCE, keys, (token, lease_id)) for n in group.nodes]
         await asyncio.wait(futures, timeout=self._timeout)  # a late answer changes nothing
@@ -170,8 +171,9 @@ class Groups:
             for n, f in zip(group.nodes, futures, strict=True)
             if not (f.done() and _at_least(f.result(), token))
         }
-        if len(group.nodes) - len(errors) < group.quorum:
-            raise QuorumUnavailable(name, errors, group.quorum, len(group.nodes))
+        need = grants_needed(mode, len(group.nodes))
+        if len(group.nodes) - len(errors) < need:
+            raise QuorumUnavailable(name, errors, need, len(group.nodes))
 
     async def settle(self) -> bool:
         """Wait for the resyncs of the groups this task's last try asked (all groups,
@@ -183,9 +185,13 @@ class Groups:
         for group in self.route(name):
             group.abandon(name, lease_id)
 
-    async def extend(self, name: str, lease_id: str, ttl: float) -> tuple[float, int]:
+    async def extend(
+        self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
+    ) -> tuple[float, int]:
         # R31: a lease of a moved name holds both groups, or it is lost.
-        done = await asyncio.gather(*(g.extend(name, lease_id, ttl) for g in self.route(name)))
+        done = await asyncio.gather(
+            *(g.extend(name, lease_id, ttl, mode=mode) for g in self.route(name))
+        )
         return min(v for v, _ in done), max(t for _, t in done)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
