@@ -135,7 +135,9 @@ async def test_a_semaphore_grants_up_to_permits_leases_with_increasing_tokens(
         with pytest.raises(LockHeld):
             await a.acquire("k/sem", ttl=5.0, mode=mode)
     await free(a, s1)
-    s3 = await a.acquire_semaphore("k/sem", 2, ttl=5.0)
+    # a semaphore needs every node (R32): a node may answer the release after the others,
+    # so the next acquire waits for it instead of failing at once
+    s3 = await a.acquire_semaphore("k/sem", 2, ttl=5.0, wait=2.0)
     assert s3.token > s2.token
     await free(a, s3)
     await free(b, s2)
@@ -144,7 +146,7 @@ async def test_a_semaphore_grants_up_to_permits_leases_with_increasing_tokens(
     with pytest.raises(LockHeld):
         await a.acquire_semaphore("k/sem", 2, ttl=5.0)
     await free(b, x)
-    other = await a.acquire_semaphore("k/sem", 5, ttl=5.0)  # free: any permits
+    other = await a.acquire_semaphore("k/sem", 5, ttl=5.0, wait=2.0)  # free: any permits
     await a.release(other)
 
 
