@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Final, Protocol, Self, TypeVar
@@ -46,6 +46,7 @@ __all__ = [
     "Record",
     "StoreHooks",
     "validate_key",
+    "validate_legacy_columns",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,31 @@ def validate_key(key: str) -> str:
             f"key {key!r} is not 1-512 characters of A-Z a-z 0-9 . _ ~ : / -", key=str(key)
         )
     return key
+
+
+def validate_legacy_columns(
+    store: str, table: str, key_column: str, columns: Sequence[str]
+) -> tuple[str, ...]:
+    """Return ``columns`` as a tuple once table, key column and columns are valid names.
+
+    Raises:
+        ValueError: a name is empty, not a string or has a NUL; the key column is
+            listed among the columns; or a column repeats.
+    """
+    listed = list(columns)
+    for label, value in [("table", table), ("key_column", key_column)] + [
+        ("columns", c) for c in listed
+    ]:
+        if not isinstance(value, str) or not value or "\x00" in value:
+            raise ValueError(f"store {store!r}: {label} has value {value!r}; not a name")
+    if key_column in listed:
+        raise ValueError(
+            f"store {store!r}: columns has value {listed!r}; the key column"
+            f" {key_column!r} comes from the URL and cannot be listed"
+        )
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"store {store!r}: columns has value {listed!r}; a name repeats")
+    return tuple(listed)
 
 
 def _validate_token(token: int | None) -> None:

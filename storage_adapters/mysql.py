@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from storage_adapters._mysql import FENCE_DDL, MysqlStoreBase, ensure_tables
-from storage_adapters.base import NO_HOOKS, Record, StoreHooks
+from storage_adapters.base import Record
 from storage_adapters.errors import NotFound
 
 __all__ = ["MysqlStore"]
@@ -62,29 +62,6 @@ class MysqlStore(MysqlStoreBase):
     """
 
     kind = "mysql"
-
-    def __init__(
-        self,
-        name: str,
-        dsn: str,
-        *,
-        pool_min: int = 1,
-        pool_max: int = 10,
-        hooks: StoreHooks = NO_HOOKS,
-        acquire_timeout: float = 5.0,
-        command_timeout: float = 10.0,
-        connect_timeout: float = 5.0,
-    ) -> None:
-        super().__init__(
-            name,
-            dsn,
-            pool_min=pool_min,
-            pool_max=pool_max,
-            hooks=hooks,
-            acquire_timeout=acquire_timeout,
-            command_timeout=command_timeout,
-            connect_timeout=connect_timeout,
-        )
 
     async def _prepare(self, cur: Any) -> None:
         await ensure_tables(cur, {"fencegate_fence": FENCE_DDL, "fencegate_kv": _KV_DDL})

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from storage_adapters._mysql import FENCE_DDL, MysqlStoreBase, ensure_tables, quote_ident
-from storage_adapters.base import NO_HOOKS, Record, StoreHooks
+from storage_adapters.base import NO_HOOKS, Record, StoreHooks, validate_legacy_columns
 from storage_adapters.errors import BadValue, NotFound, StoreNotStarted, TableMismatch
 
 __all__ = ["MysqlLegacyStore"]
@@ -94,22 +94,10 @@ class MysqlLegacyStore(MysqlStoreBase):
             command_timeout=command_timeout,
             connect_timeout=connect_timeout,
         )
-        columns = list(columns)
-        for label, value in [("table", table), ("key_column", key_column)] + [
-            ("columns", c) for c in columns
-        ]:
-            if not isinstance(value, str) or not value or "\x00" in value:
-                raise ValueError(f"store {name!r}: {label} has value {value!r}; not a name")
-        if key_column in columns:
-            raise ValueError(
-                f"store {name!r}: columns has value {columns!r}; the key column"
-                f" {key_column!r} comes from the URL and cannot be listed"
-            )
-        if len(set(columns)) != len(columns):
-            raise ValueError(f"store {name!r}: columns has value {columns!r}; a name repeats")
+        columns = validate_legacy_columns(name, table, key_column, columns)
         self.table = table
         self.key_column = key_column
-        self.columns: tuple[str, ...] = tuple(columns)
+        self.columns: tuple[str, ...] = columns
         self._table_q = quote_ident(table)
         self._key_q = quote_ident(key_column)
         self._integer_key = False

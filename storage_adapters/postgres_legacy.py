@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, quote_ident, raise_mark_sql
-from storage_adapters.base import NO_HOOKS, Record, StoreHooks
+from storage_adapters.base import NO_HOOKS, Record, StoreHooks, validate_legacy_columns
 from storage_adapters.errors import BadValue, NotFound, TableMismatch
 
 __all__ = ["PostgresLegacyStore", "fence_tables"]
@@ -119,23 +119,11 @@ class PostgresLegacyStore(PgStoreBase):
             connect_timeout=connect_timeout,
             server_settings=server_settings,
         )
-        columns = list(columns)
-        for label, value in [("table", table), ("key_column", key_column)] + [
-            ("columns", c) for c in columns
-        ]:
-            if not isinstance(value, str) or not value or "\x00" in value:
-                raise ValueError(f"store {name!r}: {label} has value {value!r}; not a name")
-        if key_column in columns:
-            raise ValueError(
-                f"store {name!r}: columns has value {columns!r}; the key column"
-                f" {key_column!r} comes from the URL and cannot be listed"
-            )
-        if len(set(columns)) != len(columns):
-            raise ValueError(f"store {name!r}: columns has value {columns!r}; a name repeats")
+        columns = validate_legacy_columns(name, table, key_column, columns)
         self.table_schema = schema
         self.table = table
         self.key_column = key_column
-        self.columns: tuple[str, ...] = tuple(columns)
+        self.columns: tuple[str, ...] = columns
         self._table_q = f"{quote_ident(schema)}.{quote_ident(table)}"
         self._tokens_q = f"{self._schema_q}.{_TOKENS}"
         self._catalog: dict[str, _Column] = {}
