@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 from prometheus_client import (
@@ -196,59 +196,28 @@ def build_store(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
             hooks=hooks,
         )
     assert config.dsn is not None  # checked by config
-    if config.type == "mysql":
-        return _build_mysql(config, hooks)
-    if config.table is not None:
-        assert config.key_column is not None
-        return PostgresLegacyStore(
-            config.name,
-            config.dsn,
-            table=config.table,
-            key_column=config.key_column,
-            columns=config.columns,
-            schema=config.schema,
-            pool_min=config.pool_min,
-            pool_max=config.pool_max,
-            command_timeout=config.command_timeout,
-            acquire_timeout=config.acquire_timeout,
-            hooks=hooks,
-        )
-    return PostgresStore(
+    mysql = config.type == "mysql"
+    pooled: dict[str, Any] = {
+        "pool_min": config.pool_min,
+        "pool_max": config.pool_max,
+        "command_timeout": config.command_timeout,
+        "acquire_timeout": config.acquire_timeout,
+        "hooks": hooks,
+    }
+    if not mysql:
+        pooled["schema"] = config.schema
+    if config.table is None:
+        kv_store = MysqlStore if mysql else PostgresStore
+        return kv_store(config.name, config.dsn, **pooled)
+    assert config.key_column is not None  # checked by config
+    legacy_store = MysqlLegacyStore if mysql else PostgresLegacyStore
+    return legacy_store(
         config.name,
         config.dsn,
-        schema=config.schema,
-        pool_min=config.pool_min,
-        pool_max=config.pool_max,
-        command_timeout=config.command_timeout,
-        acquire_timeout=config.acquire_timeout,
-        hooks=hooks,
-    )
-
-
-def _build_mysql(config: StoreConfig, hooks: StoreHooks) -> FencedStore:
-    assert config.dsn is not None
-    if config.table is not None:
-        assert config.key_column is not None
-        return MysqlLegacyStore(
-            config.name,
-            config.dsn,
-            table=config.table,
-            key_column=config.key_column,
-            columns=config.columns,
-            pool_min=config.pool_min,
-            pool_max=config.pool_max,
-            command_timeout=config.command_timeout,
-            acquire_timeout=config.acquire_timeout,
-            hooks=hooks,
-        )
-    return MysqlStore(
-        config.name,
-        config.dsn,
-        pool_min=config.pool_min,
-        pool_max=config.pool_max,
-        command_timeout=config.command_timeout,
-        acquire_timeout=config.acquire_timeout,
-        hooks=hooks,
+        table=config.table,
+        key_column=config.key_column,
+        columns=config.columns,
+        **pooled,
     )
 
 
