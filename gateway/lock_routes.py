@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway.errors import BadRequest
 from gateway.state import API_KEY, CONFIG, LOCKS, METRICS
-from lockservice import Lease, LockInfo, LockManager
+from lockservice import Lease, LockManager
 from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, validate_name
 
 __all__ = ["IDEMPOTENCY_HEADER", "LEASE_HEADER", "idempotency_key", "routes"]
@@ -142,27 +142,46 @@ async def _acquired(call: Awaitable[Lease]) -> Lease:
         raise BadRequest(str(exc)) from None
 
 
-def _grant(name: str, lease: Lease, ttl: float) -> dict[str, object]:
+def _ttl_wait(request: web.Request, body: Mapping[str, Any]) -> tuple[float, float]:
+    """An acquire's ``ttl_ms`` and ``wait_ms`` in seconds, defaults and bounds from [locks]."""
+    locks = request.app[CONFIG].locks
+    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
+    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
+    return ttl, wait
+
+
+def _granted(
+    request: web.Request, name: str, lease: Lease, ttl: float, extra: Mapping[str, object]
+) -> web.Response:
+    """Count the grant and reply with the lease (and the kind's own ``extra`` fields)."""
+    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
     valid = lease.remaining()
-    return {
-        "name": name,
-        "token": lease.token,
-        "lease_id": lease.lease_id,
-        "ttl_ms": _millis(ttl),
-        "valid_ms": _millis(valid),
-    }
+    return web.json_response(
+        {
+            "name": name,
+            "token": lease.token,
+            "lease_id": lease.lease_id,
+            "ttl_ms": _millis(ttl),
+            "valid_ms": _millis(valid),
+            **extra,
+        }
+    )
 
 
-def _state(name: str, info: LockInfo) -> dict[str, object]:
-    return {
-        "name": name,
-        "held": info.held,
-        "token": info.token,
-        "ttl_ms": _millis(info.ttl),
-        "mode": info.mode,
-        "holders": info.holders,
-        "permits": info.permits,
-    }
+async def _status(request: web.Request) -> web.Response:
+    name = _lock_name(request)
+    info = await request.app[LOCKS].inspect(name)
+    return web.json_response(
+        {
+            "name": name,
+            "held": info.held,
+            "token": info.token,
+            "ttl_ms": _millis(info.ttl),
+            "mode": info.mode,
+            "holders": info.holders,
+            "permits": info.permits,
+        }
+    )
 
 
 async def _renew(request: web.Request) -> web.Response:
@@ -217,17 +236,14 @@ async def lock_renew(request: web.Request) -> web.Response:
 async def lock_acquire(request: web.Request) -> web.Response:
     """Take a lock (``mode`` exclusive or shared); wait up to wait_ms for it."""
     name = _lock_name(request)
-    locks = request.app[CONFIG].locks
     body = await _json_object(request, {"ttl_ms", "wait_ms", "mode"})
-    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
-    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
+    ttl, wait = _ttl_wait(request, body)
     mode = _mode(body)
     key = idempotency_key(request)
     lease = await _acquired(
         request.app[LOCKS].acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key)
     )
-    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
-    return web.json_response({**_grant(name, lease, ttl), "mode": lease.mode})
+    return _granted(request, name, lease, ttl, {"mode": lease.mode})
 
 
 @routes.delete("/v1/locks/{name:.+}", name="lock_release")
@@ -239,8 +255,7 @@ async def lock_release(request: web.Request) -> web.Response:
 @routes.get("/v1/locks/{name:.+}", name="lock_status", allow_head=False)
 async def lock_status(request: web.Request) -> web.Response:
     """Whether a name is held, in which mode, by how many, its token, time left; no lease_id."""
-    name = _lock_name(request)
-    return web.json_response(_state(name, await request.app[LOCKS].inspect(name)))
+    return await _status(request)
 
 
 # semaphores
@@ -254,17 +269,14 @@ async def semaphore_renew(request: web.Request) -> web.Response:
 async def semaphore_acquire(request: web.Request) -> web.Response:
     """Take one of ``permits`` leases of a semaphore; wait up to wait_ms for one."""
     name = _lock_name(request)
-    locks = request.app[CONFIG].locks
     body = await _json_object(request, {"permits", "ttl_ms", "wait_ms"})
     permits = _permits(body)
-    ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
-    wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
+    ttl, wait = _ttl_wait(request, body)
     key = idempotency_key(request)
     lease = await _acquired(
         request.app[LOCKS].acquire_semaphore(name, permits, ttl=ttl, wait=wait, idempotency_key=key)
     )
-    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
-    return web.json_response({**_grant(name, lease, ttl), "permits": lease.permits})
+    return _granted(request, name, lease, ttl, {"permits": lease.permits})
 
 
 @routes.delete("/v1/semaphores/{name:.+}", name="semaphore_release")
@@ -276,5 +288,4 @@ async def semaphore_release(request: web.Request) -> web.Response:
 @routes.get("/v1/semaphores/{name:.+}", name="semaphore_status", allow_head=False)
 async def semaphore_status(request: web.Request) -> web.Response:
     """The name's state, as for locks (``mode`` is ``semaphore`` while a semaphore holds it)."""
-    name = _lock_name(request)
-    return web.json_response(_state(name, await request.app[LOCKS].inspect(name)))
+    return await _status(request)
