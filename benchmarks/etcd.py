@@ -68,6 +68,7 @@ import aiohttp
 import asyncpg
 import uvloop
 
+from benchmarks._report import md_table, save, write_json
 from benchmarks.gateway import (
     PG_DSN,
     Case,
@@ -86,7 +87,6 @@ from benchmarks.gateway import (
 from gateway.config import redact
 from tests._servers import RedisNode, free_port
 
-RESULTS: Final = Path(__file__).resolve().parent / "results"
 CLIENTS: Final = 32
 CONTENDERS: Final = 8
 HOLD: Final = 0.001
@@ -577,18 +577,9 @@ NOTES: Final = {
 }
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
 def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    RESULTS.mkdir(exist_ok=True)
     suffix = "-quick" if args.quick else ""
-    (RESULTS / f"etcd{suffix}.json").write_text(json.dumps(results, indent=2))
+    write_json(f"etcd{suffix}", results)
     etcd = results.get("etcd", {})
     load = results.get("machine_load")
     lines = [
@@ -611,18 +602,12 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
             "",
         ]
     for key, note in NOTES.items():
-        table = results.get(key)
-        if not table:
+        rows = results.get(key)
+        if not rows:
             continue
         cols = COLUMNS + (WAIT_COLUMNS if key == "contention" else ())
         lines += [f"## {key}", "", note, ""]
-        lines.append("| side | " + " | ".join(h for _, h in cols) + " |")
-        lines.append("| --- |" + " --- |" * len(cols))
-        for label, row in table.items():
-            lines.append(f"| {label} | " + " | ".join(_cell(row.get(m)) for m, _ in cols) + " |")
-        for lbl, row in table.items():
-            if "error_kinds" in row:
-                lines.append(f"\nErrors in {lbl}: {row['error_kinds']}")
+        lines += md_table("side", cols, rows)
         lines.append("")
     if results.get("ratios"):
         lines += [
@@ -641,9 +626,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{r['min']:.2f}..{r['max']:.2f} | >= {r['target']:g}: **{verdict}** |"
             )
         lines.append("")
-    (RESULTS / f"etcd{suffix}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-    print(f"wrote {RESULTS / f'etcd{suffix}.md'}")
+    save(f"etcd{suffix}", lines)
 
 
 if __name__ == "__main__":

@@ -62,12 +62,12 @@ import asyncpg
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks._report import md_table, save, write_json
 from gateway.config import redact
 from lockservice import LockManager
 from storage_adapters import FencedStore, FileStore, PostgresStore
 from tests._servers import RedisNode, free_port
 
-RESULTS: Final = Path(__file__).resolve().parent / "results"
 ROOT: Final = Path(__file__).resolve().parent.parent
 PG_DSN: Final = os.environ.get("FENCEGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 WORKERS: Final = 32
@@ -995,18 +995,9 @@ NOTES: Final = {
 }
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
 def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    RESULTS.mkdir(exist_ok=True)
     suffix = "-quick" if args.quick else ""
-    (RESULTS / f"gateway{suffix}.json").write_text(json.dumps(results, indent=2))
+    write_json(f"gateway{suffix}", results)
     lines = [
         "# Gateway benchmark",
         "",
@@ -1029,13 +1020,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         if not table:
             continue
         lines += [f"## {key}", "", note, ""]
-        lines.append("| case | " + " | ".join(h for _, h in COLUMNS) + " |")
-        lines.append("| --- |" + " --- |" * len(COLUMNS))
-        for label, row in table.items():
-            lines.append(f"| {label} | " + " | ".join(_cell(row.get(m)) for m, _ in COLUMNS) + " |")
-        kinds = {lbl: r["error_kinds"] for lbl, r in table.items() if "error_kinds" in r}
-        for lbl, k in kinds.items():
-            lines.append(f"\nErrors in {lbl}: {k}")
+        lines += md_table("case", COLUMNS, table)
         ceilings = [
             f"{label}: {1e6 / row['gw_cpu_us']:.0f} ops/s"
             for label, row in table.items()
@@ -1096,9 +1081,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     prof = results.get("profile")
     if prof:
         lines += _profile_lines(prof, args)
-    (RESULTS / f"gateway{suffix}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-    print(f"wrote {RESULTS / f'gateway{suffix}.md'}")
+    save(f"gateway{suffix}", lines)
 
 
 def _profile_lines(prof: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
