@@ -87,6 +87,31 @@ async def legacy_table(pg_dsn: str, pg_schema: str) -> AsyncIterator[str]:
         await conn.close()
 
 
+async def take(client: Client, name: str, ttl_ms: int = 10_000) -> dict[str, Any]:
+    """Take the lock ``name``; its grant (token, lease_id)."""
+    response = await client.post(f"/v1/locks/{name}", json={"ttl_ms": ttl_ms})
+    assert response.status == 200, await response.text()
+    grant: dict[str, Any] = await response.json()
+    return grant
+
+
+async def drop(client: Client, grant: dict[str, Any]) -> None:
+    """Release a lease taken by ``take``."""
+    response = await client.delete(
+        f"/v1/locks/{grant['name']}", headers={"X-Lease-Id": grant["lease_id"]}
+    )
+    assert response.status == 204
+
+
+async def error(response: Any, status: int, code: str) -> dict[str, Any]:
+    """Check an error reply's status, code and message; its body."""
+    assert response.status == status, await response.text()
+    body: dict[str, Any] = await response.json()
+    assert body["error"] == code, body
+    assert body["message"], body
+    return body
+
+
 def assert_lease_token(reported: int, granted: int, lock_urls: list[str]) -> None:
     """``reported`` (by status or renew) is the token of the lease granted ``granted``.
 

@@ -14,8 +14,11 @@ from tests._servers import RedisNode
 from tests.gateway.conftest import (
     Client,
     Start,
+    drop,
+    error,
     make_config,
     store_section,
+    take,
 )
 
 KINDS = ["files", "kv", "legacy"]
@@ -48,20 +51,6 @@ async def client(start: Start, stores: dict[str, Any]) -> Client:
     return await start(make_config(stores=stores))
 
 
-async def take(client: Client, name: str, ttl_ms: int = 10_000) -> dict[str, Any]:
-    response = await client.post(f"/v1/locks/{name}", json={"ttl_ms": ttl_ms})
-    assert response.status == 200, await response.text()
-    grant: dict[str, Any] = await response.json()
-    return grant
-
-
-async def drop(client: Client, grant: dict[str, Any]) -> None:
-    response = await client.delete(
-        f"/v1/locks/{grant['name']}", headers={"X-Lease-Id": grant["lease_id"]}
-    )
-    assert response.status == 204
-
-
 async def put(
     client: Client, kind: str, key: str, value: str, token: int | str | None, **headers: str
 ) -> Any:
@@ -77,14 +66,6 @@ async def read(client: Client, kind: str, key: str) -> str | None:
         return None
     assert response.status == 200, await response.text()
     return decode(kind, await response.read())
-
-
-async def error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status == status, await response.text()
-    body: dict[str, Any] = await response.json()
-    assert body["error"] == code, body
-    assert body["message"], body
-    return body
 
 
 @pytest.mark.parametrize("kind", ["files", "kv"])
@@ -110,10 +91,6 @@ async def test_largest_token_is_accepted_as_a_token(client: Client) -> None:
         "/v1/stores/files//etc/passwd",
         "/v1/stores/files/a/%2e%2e/%2e%2e/b",
         "/v1/stores/files/a%2F..%2F..%2Fescape",
-        "/v1/stores/files/a%20b",
-        "/v1/stores/files/a%00b",
-        "/v1/stores/kv/" + "k" * 513,
-        "/v1/stores/kv/it's",
     ],
 )
 async def test_bad_keys_are_400_and_nothing_escapes_the_root(
@@ -131,20 +108,21 @@ async def test_bad_keys_are_400_and_nothing_escapes_the_root(
     assert not (files_root.parent / "escape").exists()
 
 
-async def test_oversized_body_is_413(start: Start, stores: dict[str, Any]) -> None:
+async def test_oversized_body_without_content_length_is_413(
+    start: Start, stores: dict[str, Any]
+) -> None:
+    # The contract suite sends a Content-Length; a streamed body is held to the limit too.
     client = await start(make_config(stores=stores, max_body_bytes=1024))
     grant = await take(client, "files/big")
     headers = {"X-Fencing-Token": str(grant["token"])}
-    response = await client.put("/v1/stores/files/big", data=b"x" * 2048, headers=headers)
-    body = await error(response, 413, "too_large")
-    assert body["limit"] == 1024
 
-    async def chunks() -> Any:  # no Content-Length: the limit holds while reading
+    async def chunks() -> Any:
         for _ in range(4):
             yield b"y" * 512
 
     response = await client.put("/v1/stores/files/big", data=chunks(), headers=headers)
-    await error(response, 413, "too_large")
+    body = await error(response, 413, "too_large")
+    assert body["limit"] == 1024
     assert await read(client, "files", "big") is None
     assert (
         await client.put("/v1/stores/files/big", data=b"z" * 1024, headers=headers)

@@ -25,23 +25,10 @@ from prometheus_client import CollectorRegistry
 
 from tests._servers import RedisNode
 from tests.faults.test_gateway_two_processes import gateways, http_session
+from tests.gateway.conftest import drop, error, take
 from tests.stores.conftest import Client, Start, Subject, config_for
 
 TOKEN = "X-Fencing-Token"
-
-
-async def take(client: Client, name: str, ttl_ms: int = 10_000) -> dict[str, Any]:
-    response = await client.post(f"/v1/locks/{name}", json={"ttl_ms": ttl_ms})
-    assert response.status == 200, await response.text()
-    grant: dict[str, Any] = await response.json()
-    return grant
-
-
-async def drop(client: Client, grant: dict[str, Any]) -> None:
-    response = await client.delete(
-        f"/v1/locks/{grant['name']}", headers={"X-Lease-Id": grant["lease_id"]}
-    )
-    assert response.status == 204
 
 
 async def put(
@@ -68,14 +55,6 @@ async def value_of(client: Client, s: Subject, key: str) -> str | None:
         return None
     assert response.status == 200, await response.text()
     return s.decode(await response.read())
-
-
-async def error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status == status, await response.text()
-    body: dict[str, Any] = await response.json()
-    assert body["error"] == code, body
-    assert body["message"], body
-    return body
 
 
 # -- routes and codes ------------------------------------------------------------------------
