@@ -53,6 +53,18 @@ def legacy(
     )
 
 
+def test_legacy_configuration_mistakes_are_caught_at_construction() -> None:
+    dsn = "mysql://root@127.0.0.1:3306/test"  # not reached: construction opens nothing
+    with pytest.raises(ValueError, match="key column 'id'"):
+        legacy(dsn, columns=["id", "v"])
+    with pytest.raises(ValueError, match="repeats"):
+        legacy(dsn, columns=["v", "v"])
+    with pytest.raises(ValueError, match="not a name"):
+        legacy(dsn, columns=["v", "a\x00b"])
+    with pytest.raises(ValueError, match="table has value ''"):
+        legacy(dsn, table="")
+
+
 @pytest.fixture
 async def accounts(mysql_dsn: str) -> AsyncIterator[MysqlLegacyStore]:
     await sql(mysql_dsn, ACCOUNTS)
