@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["RESULTS", "cell", "md_table", "save", "write_json"]
+__all__ = ["RESULTS", "cell", "command", "md_table", "save", "write_json"]
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
+
+
+def command() -> str:
+    """How this run was started, as a reader reruns it (``python -m benchmarks.x ARGS``),
+    never the path of this machine's checkout."""
+    return " ".join(["python -m benchmarks." + Path(sys.argv[0]).stem, *sys.argv[1:]])
 
 
 def cell(value: Any) -> str:

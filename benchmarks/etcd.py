@@ -54,7 +54,6 @@ import platform
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -68,7 +67,7 @@ import aiohttp
 import asyncpg
 import uvloop
 
-from benchmarks._report import md_table, save, write_json
+from benchmarks._report import command, md_table, save, write_json
 from benchmarks.gateway import (
     PG_DSN,
     Case,
@@ -585,7 +584,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     lines = [
         "# fencegate against etcd",
         "",
-        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"Run: `{command()}` on {results['machine']}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds:g} s a case, "
         f"{args.rounds} round(s) in alternating order (a cell is the median over the rounds). "
         f"etcd {etcd.get('version', '?')} from Debian, 3 members on loopback, JSON gateway "

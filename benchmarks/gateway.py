@@ -62,7 +62,7 @@ import asyncpg
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._report import md_table, save, write_json
+from benchmarks._report import command, md_table, save, write_json
 from gateway.config import redact
 from lockservice import LockManager
 from storage_adapters import FencedStore, FileStore, PostgresStore
@@ -1001,7 +1001,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     lines = [
         "# Gateway benchmark",
         "",
-        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"Run: `{command()}` on {results['machine']}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds:g} s a case, "
         f"{args.rounds} round(s) in alternating order (each cell is the median over the "
         f"rounds), {args.body_bytes}-byte bodies. One run, the same servers: 3 redis-server "

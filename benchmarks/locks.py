@@ -47,6 +47,7 @@ from typing import Any
 import redis.asyncio as aredis
 import uvloop
 
+from benchmarks._report import command
 from benchmarks.gateway import proc_cpu
 from lockservice import LockManager
 from tests._servers import RedisNode, free_port
@@ -529,7 +530,7 @@ def write_rtt_report(results: dict[str, Any], key: str, args: argparse.Namespace
     lines = [
         f"# Lock contention over emulated round trips ({args.rtt_ms:g} ms)",
         "",
-        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"Run: `{command()}` on {results['machine']}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds * 2:g} s a case, "
         f"{args.rounds} rounds in alternating order (a cell is the median over the rounds). "
         f"Every client reaches the 3 redis-server nodes through `benchmarks/delay_proxy.py` "
@@ -634,7 +635,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     lines = [
         "# Lock benchmark",
         "",
-        f"Run: `{' '.join(sys.argv)}` on {results['machine']}, "
+        f"Run: `{command()}` on {results['machine']}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds:g} s a case, "
         "all libraries against the same redis-server processes in one run.",
         "",
