@@ -3,23 +3,42 @@
 The load generator is ``wrk`` (C, epoll; the Debian package ``wrk``: this
 script installs it with apt-get when it runs as root, or says how) with a Lua
 script (``CYCLE_LUA``) doing lock cycles on distinct names: ``POST
-/v1/locks/{name}``, then ``DELETE`` with the lease id it got. wrk costs a few
-microseconds of CPU per request, the gateway about a millisecond, so on this
-2-core machine the gateway is the bottleneck. The locks live on three
-redis-server nodes of the run's own, on unix sockets (``--tcp``: loopback TCP,
-``tests._servers.RedisNode``): Redis, wrk and the gateway share the same two
-cores, and the cheaper Redis's share, the more of them the gateway can use.
+/v1/locks/{name}``, then ``DELETE`` with the lease id it got. The locks live
+on redis-server nodes of the run's own, on unix sockets (``--tcp``: loopback
+TCP, ``tests._servers.RedisNode``). Redis, wrk and the gateway share the
+machine's cores, so 2 workers on 2 cores can at most serve
 
-Each round starts a fresh gateway for each case (1 worker, then 2, or the
-other way round on every second round), warms it up, then measures: cycles
-per second (released leases / seconds), and the CPU seconds the gateway's
-processes used per cycle (``/proc``: the supervisor and its workers). The
-report gives the medians over rounds and their ranges, the ratio of 2 workers
-to 1 per round, and how busy the machine was with other work.
+    ceiling = 2 g / (g + r + w)
 
-    .venv/bin/python -m benchmarks.workers             # 4 rounds of 10 s per case
+times the cycles of one worker, where g, r and w are the CPU per cycle of the
+gateway, Redis and wrk with one worker (one worker is held by its one core,
+two fill the machine). The scaling table therefore uses ONE Redis node
+(``--nodes 1``, the default first table: r is a third of three nodes'); the
+second table (``--nodes 1,3``, the default) is the same run on three nodes.
+
+Three cases, each started fresh in every round (the order rotates):
+
+* ``1 worker``: ``workers = 1``, one process, plain in-process metrics (what
+  a user runs);
+* ``1 worker, supervised``: the supervisor of ``--workers`` with one worker:
+  prometheus-client multiprocess metrics in the shared directory, hot-lock
+  snapshots, the supervisor process; set against ``1 worker`` it is what the
+  machinery of ``--workers`` costs per cycle at the same concurrency;
+* ``2 workers``.
+
+Per case: cycles per second (released leases / seconds); CPU per cycle of the
+gateway's processes (the supervisor and its workers), of Redis and of wrk
+(``/proc``); the cores each used; the gateway's read and write system calls
+and context switches (voluntary: its loop found nothing to do and slept;
+involuntary: another process took its core) per cycle. The report gives the
+medians over rounds and their ranges, the ratios per round, the ceiling, and
+how busy the machine was with other work.
+
+    .venv/bin/python -m benchmarks.workers             # 4 rounds of 10 s per case, 1 and 3 nodes
     .venv/bin/python -m benchmarks.workers --quick     # 1 round of 3 s: a smoke run
+    .venv/bin/python -m benchmarks.workers --nodes 1   # the scaling table alone
     .venv/bin/python -m benchmarks.workers --tcp       # Redis over loopback TCP
+    .venv/bin/python -m benchmarks.workers --wrk-cpu 1 # wrk pinned to CPU 1
 
 Results: printed, and written to benchmarks/results/workers.md and workers.json
 (workers-tcp.* with --tcp, workers-quick.* with --quick).
@@ -43,12 +62,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from benchmarks._report import command
 from tests._servers import RedisNode, free_port
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
 ROOT: Final = Path(__file__).resolve().parent.parent
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 CONNECTIONS: Final = 64
+CASES: Final = ("1", "1s", "2")
+CASE_NAMES: Final = {"1": "1 worker", "1s": "1 worker, supervised", "2": "2 workers"}
+USAGE: Final = ("user", "system", "syscalls", "voluntary", "involuntary")
+_SWITCHES: Final = {
+    "voluntary_ctxt_switches": "voluntary",
+    "nonvoluntary_ctxt_switches": "involuntary",
+}
+# The supervisor of --workers with one worker: ``workers = 1`` alone runs no supervisor.
+SUPERVISED: Final = (
+    "import sys; from pathlib import Path; from gateway.config import load_config; "
+    "from gateway.logs import setup_logging; from gateway.supervisor import supervise; "
+    "c = load_config(Path(sys.argv[1])); setup_logging(c.log_level, c.log_format); "
+    "raise SystemExit(supervise(c))"
+)
 CYCLE_LUA: Final = r"""
 -- Lock cycles on distinct names: POST /v1/locks/bench/<run>/<thread>/<n>, then DELETE
 -- it with the lease id of the answer. One request in flight per connection; a thread's
@@ -157,13 +191,31 @@ def ensure_wrk() -> str:
     return found
 
 
-def _ticks(pid: int) -> int:
-    """utime + stime of ``pid``, in clock ticks (0 if it is gone)."""
+def _usage(pid: int) -> dict[str, int]:
+    """CPU ticks (user, system), read and write system calls and context switches of
+    ``pid``, all its threads (zeros for a process that is gone)."""
+    usage = dict.fromkeys(USAGE, 0)
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
+        usage["user"], usage["system"] = int(fields[11]), int(fields[12])
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        usage["syscalls"] = int(io["syscr"]) + int(io["syscw"])
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in _SWITCHES:
+                    usage[_SWITCHES[key]] += int(value)
+    except (OSError, KeyError, ValueError):
+        pass
+    return usage
+
+
+def _sum_usage(pids: list[int]) -> dict[str, int]:
+    total = dict.fromkeys(USAGE, 0)
+    for pid in pids:
+        for key, value in _usage(pid).items():
+            total[key] += value
+    return total
 
 
 def _children(pid: int) -> list[int]:
@@ -185,18 +237,19 @@ def _machine_busy() -> tuple[int, int]:
 class Server:
     proc: subprocess.Popen[bytes]
     port: int
-    workers: int
+    case: str
 
     def pids(self) -> list[int]:
         return [self.proc.pid, *_children(self.proc.pid)]
 
-    def cpu_ticks(self) -> int:
-        return sum(_ticks(pid) for pid in self.pids())
+    def usage(self) -> dict[str, int]:
+        return _sum_usage(self.pids())
 
 
-def start_server(workers: int, redis: list[Redis], tmp: Path) -> Server:
+def start_server(case: str, redis: list[Redis], tmp: Path) -> Server:
     port = free_port()
-    config = tmp / f"fencegate-{workers}.toml"
+    workers = 2 if case == "2" else 1
+    config = tmp / f"fencegate-{case}.toml"
     urls = ", ".join(f'"{node.url}"' for node in redis)
     config.write_text(
         f'listen = "127.0.0.1:{port}"\nworkers = {workers}\nshutdown_grace_ms = 0\n'
@@ -204,14 +257,16 @@ def start_server(workers: int, redis: list[Redis], tmp: Path) -> Server:
         f'[stores.files]\ntype = "files"\nroot = "{tmp / "data"}"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
-    log = (tmp / f"gateway-{workers}.log").open("ab")
+    log = (tmp / f"gateway-{case}.log").open("ab")
+    run = ["-c", SUPERVISED] if case == "1s" else ["-m", "gateway", "serve", "--config"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        [sys.executable, *run, str(config)],
         env={**env, "PYTHONPATH": str(ROOT)},
         stdout=log,
         stderr=log,
     )
-    server = Server(proc, port, workers)
+    server = Server(proc, port, case)
+    processes = 1 if case == "1" else workers + 1
     deadline = time.monotonic() + 60
     while True:  # every worker answers /readyz: connections land on any of them
         ready = 0
@@ -221,10 +276,10 @@ def start_server(workers: int, redis: list[Redis], tmp: Path) -> Server:
                     ready += r.status == 200
             except OSError:
                 pass
-        if ready == 4 * workers and len(server.pids()) == (1 if workers == 1 else workers + 1):
+        if ready == 4 * workers and len(server.pids()) == processes:
             return server
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the gateway did not start; see {tmp}/gateway-{workers}.log")
+            raise SystemExit(f"the gateway did not start; see {tmp}/gateway-{case}.log")
         time.sleep(0.2)
 
 
@@ -237,13 +292,16 @@ def stop_server(server: Server) -> None:
         server.proc.wait()
 
 
-def run_wrk(wrk: str, script: Path, port: int, seconds: float, tag: str) -> dict[str, Any]:
-    """One wrk run; its RESULT line, with the CPU seconds wrk itself used."""
-    env = {**os.environ}
+def run_wrk(
+    wrk: str, script: Path, port: int, seconds: float, tag: str, cpu: int | None
+) -> dict[str, Any]:
+    """One wrk run (on CPU ``cpu`` alone if given); its RESULT line, with the CPU seconds
+    wrk itself used."""
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     proc = subprocess.Popen(
         [wrk, "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "-s", str(script),
          f"http://127.0.0.1:{port}", "--", tag],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=pin,
     )  # fmt: skip
     assert proc.stdout is not None
     out = proc.stdout.read().decode()
@@ -260,29 +318,36 @@ def run_wrk(wrk: str, script: Path, port: int, seconds: float, tag: str) -> dict
 def measure(
     wrk: str, script: Path, server: Server, redis: list[Redis], args: argparse.Namespace
 ) -> dict[str, Any]:
-    tag = f"{server.workers}w{time.monotonic_ns()}"
-    run_wrk(wrk, script, server.port, args.warmup, tag + "warm")
+    tag = f"{server.case}w{time.monotonic_ns()}"
+    run_wrk(wrk, script, server.port, args.warmup, tag + "warm", args.wrk_cpu)
     redis_pids = [node.proc.pid for node in redis if node.proc is not None]
-    gw0, redis0, (busy0, all0) = server.cpu_ticks(), sum(map(_ticks, redis_pids)), _machine_busy()
+    gw0, redis0, (busy0, all0) = server.usage(), _sum_usage(redis_pids), _machine_busy()
     started = time.monotonic()
-    result = run_wrk(wrk, script, server.port, args.seconds, tag)
+    result = run_wrk(wrk, script, server.port, args.seconds, tag, args.wrk_cpu)
     elapsed = time.monotonic() - started
-    gw1, redis1, (busy1, all1) = server.cpu_ticks(), sum(map(_ticks, redis_pids)), _machine_busy()
-    cycles = result["released"]
-    gateway_cpu = (gw1 - gw0) / CLK_TCK
-    redis_cpu = (redis1 - redis0) / CLK_TCK
+    gw1, redis1, (busy1, all1) = server.usage(), _sum_usage(redis_pids), _machine_busy()
+    cycles = max(result["released"], 1)
+    gateway_user = (gw1["user"] - gw0["user"]) / CLK_TCK
+    gateway_cpu = gateway_user + (gw1["system"] - gw0["system"]) / CLK_TCK
+    redis_cpu = (redis1["user"] + redis1["system"] - redis0["user"] - redis0["system"]) / CLK_TCK
+    wrk_cpu = result["wrk_cpu_s"]
     machine_cpu = (busy1 - busy0) / CLK_TCK
-    cores = (all1 - all0) / CLK_TCK / elapsed
     return {
-        "workers": server.workers,
-        "cycles_per_s": cycles / elapsed,
-        "gateway_cpu_us_per_cycle": gateway_cpu / max(cycles, 1) * 1e6,
+        "case": server.case,
+        "cycles_per_s": result["released"] / elapsed,
+        "gateway_us": gateway_cpu / cycles * 1e6,
+        "gateway_user_us": gateway_user / cycles * 1e6,
+        "gateway_system_us": (gateway_cpu - gateway_user) / cycles * 1e6,
+        "redis_us": redis_cpu / cycles * 1e6,
+        "wrk_us": wrk_cpu / cycles * 1e6,
         "gateway_cores": gateway_cpu / elapsed,
         "redis_cores": redis_cpu / elapsed,
-        "wrk_cores": result["wrk_cpu_s"] / elapsed,
-        "other_cores": max(0.0, machine_cpu - gateway_cpu - redis_cpu - result["wrk_cpu_s"])
-        / elapsed,
-        "machine_cores": cores,
+        "wrk_cores": wrk_cpu / elapsed,
+        "other_cores": max(0.0, machine_cpu - gateway_cpu - redis_cpu - wrk_cpu) / elapsed,
+        "machine_cores": (all1 - all0) / CLK_TCK / elapsed,
+        "syscalls": (gw1["syscalls"] - gw0["syscalls"]) / cycles,
+        "voluntary": (gw1["voluntary"] - gw0["voluntary"]) / cycles,
+        "involuntary": (gw1["involuntary"] - gw0["involuntary"]) / cycles,
         "refused": result["other"],
         "refused_codes": result["codes"],
         "socket_errors": result["errors"],
@@ -291,9 +356,43 @@ def measure(
     }
 
 
-def summarize(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
-    values = [row[key] for row in rows]
+def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_nodes(wrk: str, script: Path, tmp: Path, nodes: int, args: argparse.Namespace) -> Any:
+    """Every round of every case on ``nodes`` fresh Redis nodes: [{case: row}] per round."""
+    redis: list[Redis] = [
+        RedisNode(tmp / f"redis{nodes}-{i}") if args.tcp else UnixRedis(tmp / f"r{nodes}-{i}")
+        for i in range(nodes)
+    ]
+    per_round: list[dict[str, dict[str, Any]]] = []
+    try:
+        for node in redis:
+            node.start()
+        for round_no in range(args.rounds):
+            results: dict[str, dict[str, Any]] = {}
+            for i in range(len(CASES)):
+                case = CASES[(i + round_no) % len(CASES)]  # each case first in turn
+                server = start_server(case, redis, tmp)
+                try:
+                    results[case] = row = measure(wrk, script, server, redis, args)
+                finally:
+                    stop_server(server)
+                print(
+                    f"{nodes} node(s), round {round_no + 1}, {CASE_NAMES[case]}: "
+                    f"{row['cycles_per_s']:,.0f} cycles/s, CPU us/cycle gateway "
+                    f"{row['gateway_us']:,.0f} redis {row['redis_us']:,.0f} wrk "
+                    f"{row['wrk_us']:,.0f}; cores gateway {row['gateway_cores']:.2f} redis "
+                    f"{row['redis_cores']:.2f} wrk {row['wrk_cores']:.2f} other "
+                    f"{row['other_cores']:.2f}",
+                    flush=True,
+                )
+            per_round.append(results)
+    finally:
+        for node in redis:
+            node.stop()
+    return per_round
 
 
 def main() -> None:
@@ -303,104 +402,91 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument(
+        "--nodes",
+        default="1,3",
+        help="Redis node counts, one table each; the first is the scaling table (default 1,3)",
+    )
+    parser.add_argument(
         "--tcp", action="store_true", help="Redis over loopback TCP (default: unix sockets)"
     )
+    parser.add_argument("--wrk-cpu", type=int, help="pin wrk to this CPU (default: not pinned)")
     args = parser.parse_args()
+    try:
+        node_counts = [int(n) for n in args.nodes.split(",")]
+    except ValueError:
+        parser.error(f"--nodes {args.nodes!r}: use node counts such as 1,3")
+    if not node_counts or min(node_counts) < 1:
+        parser.error(f"--nodes {args.nodes!r}: use node counts such as 1,3")
     if args.quick:
         args.rounds, args.seconds, args.warmup = 1, 3.0, 1.0
     wrk = ensure_wrk()
     load_before = os.getloadavg()
-    per_round: list[dict[int, dict[str, Any]]] = []
+    runs: dict[int, list[dict[str, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="fencegate-bench-workers-") as tmp_name:
         tmp = Path(tmp_name)
         script = tmp / "cycle.lua"
         script.write_text(CYCLE_LUA)
-        redis: list[Redis] = [
-            RedisNode(tmp / f"redis{i}") if args.tcp else UnixRedis(tmp / f"redis{i}")
-            for i in range(3)
-        ]
-        try:
-            for node in redis:
-                node.start()
-            for round_no in range(args.rounds):
-                order = (1, 2) if round_no % 2 == 0 else (2, 1)
-                results: dict[int, dict[str, Any]] = {}
-                for workers in order:
-                    server = start_server(workers, redis, tmp)
-                    try:
-                        results[workers] = measure(wrk, script, server, redis, args)
-                    finally:
-                        stop_server(server)
-                    row = results[workers]
-                    print(
-                        f"round {round_no + 1} workers {workers}: "
-                        f"{row['cycles_per_s']:,.0f} cycles/s, "
-                        f"{row['gateway_cpu_us_per_cycle']:,.0f} us CPU/cycle, gateway "
-                        f"{row['gateway_cores']:.2f} cores, redis {row['redis_cores']:.2f}, "
-                        f"wrk {row['wrk_cores']:.2f}, other {row['other_cores']:.2f}",
-                        flush=True,
-                    )
-                per_round.append(results)
-        finally:
-            for node in redis:
-                node.stop()
-    report = build_report(per_round, args, load_before)
-    write_report(report, args)
-
-
-def build_report(
-    per_round: list[dict[int, dict[str, Any]]],
-    args: argparse.Namespace,
-    load_before: tuple[float, float, float],
-) -> dict[str, Any]:
-    cases: dict[str, Any] = {}
-    for workers in (1, 2):
-        rows = [r[workers] for r in per_round]
-        cases[str(workers)] = {
-            key: summarize(rows, key)
-            for key in (
-                "cycles_per_s",
-                "gateway_cpu_us_per_cycle",
-                "gateway_cores",
-                "redis_cores",
-                "wrk_cores",
-                "other_cores",
-                "p50_ms",
-                "p99_ms",
-            )
-        }
-        cases[str(workers)]["refused"] = sum(r["refused"] for r in rows)
-        codes: dict[str, int] = {}
-        for row in rows:
-            for code, n in row["refused_codes"].items():
-                codes[code] = codes.get(code, 0) + n
-        cases[str(workers)]["refused_codes"] = codes
-        cases[str(workers)]["socket_errors"] = sum(r["socket_errors"] for r in rows)
-    speedups = [r[2]["cycles_per_s"] / r[1]["cycles_per_s"] for r in per_round]
-    cpu = [r[2]["gateway_cpu_us_per_cycle"] / r[1]["gateway_cpu_us_per_cycle"] for r in per_round]
-    return {
+        for nodes in node_counts:
+            runs[nodes] = run_nodes(wrk, script, tmp, nodes, args)
+    report = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}",
+        "command": command(),
         "rounds": args.rounds,
         "redis_transport": "tcp" if args.tcp else "unix",
         "seconds": args.seconds,
         "connections": CONNECTIONS,
+        "wrk_cpu": args.wrk_cpu,
         "load_before": load_before,
+        "runs": {str(nodes): build_run(per_round) for nodes, per_round in runs.items()},
+    }
+    write_report(report, args)
+
+
+ROWS: Final = (
+    "cycles_per_s", "gateway_us", "gateway_user_us", "gateway_system_us", "redis_us", "wrk_us",
+    "gateway_cores", "redis_cores", "wrk_cores", "other_cores", "syscalls", "voluntary",
+    "involuntary", "p50_ms", "p99_ms",
+)  # fmt: skip
+
+
+def build_run(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Medians and ranges per case, and the ratios and the ceiling per round."""
+    cases: dict[str, Any] = {}
+    for case in CASES:
+        rows = [r[case] for r in per_round]
+        cases[case] = {key: summarize([row[key] for row in rows]) for key in ROWS}
+        codes: dict[str, int] = {}
+        for row in rows:
+            for code, n in row["refused_codes"].items():
+                codes[code] = codes.get(code, 0) + n
+        cases[case]["refused"] = sum(r["refused"] for r in rows)
+        cases[case]["refused_codes"] = codes
+        cases[case]["socket_errors"] = sum(r["socket_errors"] for r in rows)
+
+    def ratio(f: Any) -> dict[str, Any]:
+        values = [f(r["1"], r["1s"], r["2"]) for r in per_round]
+        return {**summarize(values), "per_round": values}
+
+    return {
         "cases": cases,
-        "speedup_2_over_1": {
-            "median": statistics.median(speedups),
-            "min": min(speedups),
-            "max": max(speedups),
-            "per_round": speedups,
-        },
-        "cpu_per_cycle_2_over_1": {
-            "median": statistics.median(cpu),
-            "min": min(cpu),
-            "max": max(cpu),
-            "per_round": cpu,
-        },
-        "per_round": [{str(k): v for k, v in r.items()} for r in per_round],
+        "speedup": ratio(lambda one, sup, two: two["cycles_per_s"] / one["cycles_per_s"]),
+        "cpu_2_over_1": ratio(lambda one, sup, two: two["gateway_us"] / one["gateway_us"]),
+        "cpu_2_over_supervised": ratio(lambda one, sup, two: two["gateway_us"] / sup["gateway_us"]),
+        "cpu_supervised_over_1": ratio(lambda one, sup, two: sup["gateway_us"] / one["gateway_us"]),
+        # 2 cores over what a cycle costs the machine, against one worker's throughput
+        "ceiling": ratio(
+            lambda one, sup, two: (
+                2 * one["gateway_us"] / (one["gateway_us"] + one["redis_us"] + one["wrk_us"])
+            )
+        ),
+        "ceiling_at_2": ratio(
+            lambda one, sup, two: (
+                2e6 / (two["gateway_us"] + two["redis_us"] + two["wrk_us"]) / one["cycles_per_s"]
+            )
+        ),
+        "per_round": per_round,
     }
 
 
@@ -408,67 +494,103 @@ def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     name = "workers" + ("-tcp" if args.tcp else "") + ("-quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-
-    def cell(case: str, key: str, fmt: str = "{:,.0f}") -> str:
-        s = report["cases"][case][key]
-        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
-
-    def refused(case: str) -> str:
-        c = report["cases"][case]
-        codes = ", ".join(f"{n} x {code}" for code, n in sorted(c["refused_codes"].items()))
-        return f"{c['refused']}{f' ({codes})' if codes else ''}; {c['socket_errors']}"
-
-    speed, cpu = report["speedup_2_over_1"], report["cpu_per_cycle_2_over_1"]
-    other = max(report["cases"][c]["other_cores"]["median"] for c in ("1", "2"))
-    if other > 0.2:
-        load = (
-            f"**Other work loaded the machine**: it used a median of up to {other:.2f} of "
-            "the 2 cores during the measurements (row above), so the gateway got less than "
-            "the cores a quiet machine gives it; read the throughput ratio with that in "
-            "mind. CPU per cycle is measured per process and moves less with load."
-        )
-    else:
-        load = f"Other work on the machine used at most {other:.2f} cores (median)."
+    transport = "loopback TCP" if report["redis_transport"] == "tcp" else "unix sockets"
+    pinned = "not pinned" if report["wrk_cpu"] is None else f"pinned to CPU {report['wrk_cpu']}"
     lines = [
         "# `fencegate serve --workers`: 1 vs 2 workers",
         "",
-        f"{report['when']}; {report['machine']}; `python -m benchmarks.workers"
-        f"{' --quick' if args.quick else ''}`: {report['rounds']} rounds of "
-        f"{report['seconds']:.0f} s per case (order alternating), wrk with 1 thread and "
-        f"{report['connections']} connections doing POST lock + DELETE release cycles on "
-        "distinct names, 3 redis-server nodes on the same machine (over "
-        f"{'loopback TCP' if report['redis_transport'] == 'tcp' else 'unix sockets'}). "
-        "Medians over rounds (min-max).",
-        "",
-        "| | 1 worker | 2 workers |",
-        "| --- | --- | --- |",
-        f"| lock cycles/s | {cell('1', 'cycles_per_s')} | {cell('2', 'cycles_per_s')} |",
-        f"| gateway CPU µs per cycle | {cell('1', 'gateway_cpu_us_per_cycle')} | "
-        f"{cell('2', 'gateway_cpu_us_per_cycle')} |",
-        f"| cores used: gateway | {cell('1', 'gateway_cores', '{:.2f}')} | "
-        f"{cell('2', 'gateway_cores', '{:.2f}')} |",
-        f"| cores used: redis (3 nodes) | {cell('1', 'redis_cores', '{:.2f}')} | "
-        f"{cell('2', 'redis_cores', '{:.2f}')} |",
-        f"| cores used: wrk | {cell('1', 'wrk_cores', '{:.2f}')} | "
-        f"{cell('2', 'wrk_cores', '{:.2f}')} |",
-        f"| cores used: other work on the machine | {cell('1', 'other_cores', '{:.2f}')} | "
-        f"{cell('2', 'other_cores', '{:.2f}')} |",
-        f"| request latency p50 / p99 ms | {cell('1', 'p50_ms', '{:.1f}')} / "
-        f"{cell('1', 'p99_ms', '{:.1f}')} | {cell('2', 'p50_ms', '{:.1f}')} / "
-        f"{cell('2', 'p99_ms', '{:.1f}')} |",
-        f"| answers other than 200/204; socket errors | {refused('1')} | {refused('2')} |",
-        "",
-        f"2 workers / 1 worker, per round: throughput **{speed['median']:.2f}x** "
-        f"({speed['min']:.2f}-{speed['max']:.2f}; target ≥ 1.6x), gateway CPU per cycle "
-        f"**{cpu['median']:.2f}x** ({cpu['min']:.2f}-{cpu['max']:.2f}; target ≤ 1.0x).",
-        "",
-        load,
-        "",
-        f"Load average before the run: {', '.join(f'{v:.2f}' for v in report['load_before'])}.",
+        f"{report['when']}; {report['machine']}; `{report['command']}`: {report['rounds']} "
+        f"rounds of {report['seconds']:.0f} s per case (order rotating), wrk ({pinned}) with "
+        f"1 thread and {report['connections']} connections doing POST lock + DELETE release "
+        f"cycles on distinct names, redis-server nodes on the same machine (over {transport}). "
+        "Medians over rounds (min-max). *1 worker*: `workers = 1`, one process, plain "
+        "metrics; *1 worker, supervised*: the `--workers` supervisor with one worker "
+        "(multiprocess metrics, shared directory); *2 workers*: `--workers 2`.",
     ]
+    other = 0.0
+    for index, (nodes, run) in enumerate(report["runs"].items()):
+        lines += ["", *run_lines(int(nodes), run, headline=index == 0)]
+        other = max([other, *(run["cases"][c]["other_cores"]["median"] for c in CASES)])
+    if other > 0.2:
+        lines += [
+            "",
+            f"**Other work loaded the machine**: it used a median of up to {other:.2f} of the "
+            "cores during the measurements (rows above), so the gateway got less than a "
+            "quiet machine gives it; read the throughput ratios with that in mind.",
+        ]
+    else:
+        lines += ["", f"Other work on the machine used at most {other:.2f} cores (median)."]
+    load = ", ".join(f"{v:.2f}" for v in report["load_before"])
+    lines += ["", f"Load average before the run: {load}."]
     text = "\n".join(lines) + "\n"
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
+
+
+def run_lines(nodes: int, run: dict[str, Any], *, headline: bool) -> list[str]:
+    """One table (``nodes`` Redis nodes) and its ratios."""
+    cases = run["cases"]
+
+    def row(label: str, key: str, fmt: str = "{:,.0f}") -> str:
+        cells = []
+        for case in CASES:
+            s = cases[case][key]
+            cells.append(
+                f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
+            )
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def refused(case: str) -> str:
+        c = cases[case]
+        codes = ", ".join(f"{n} x {code}" for code, n in sorted(c["refused_codes"].items()))
+        return f"{c['refused']}{f' ({codes})' if codes else ''}; {c['socket_errors']}"
+
+    def ratio(key: str, target: str = "") -> str:
+        r = run[key]
+        return f"**{r['median']:.2f}x** ({r['min']:.2f}-{r['max']:.2f}{target})"
+
+    title = "the scaling table" if headline else "for comparison"
+    return [
+        f"## {nodes} Redis node{'s' if nodes > 1 else ''} ({title})",
+        "",
+        "| | " + " | ".join(CASE_NAMES[c] for c in CASES) + " |",
+        "| --- |" + " --- |" * len(CASES),
+        row("lock cycles/s", "cycles_per_s"),
+        row("CPU µs per cycle: gateway (g)", "gateway_us"),
+        row("... of it in the gateway's code (user)", "gateway_user_us"),
+        row("... of it in the kernel (system: sockets, scheduling)", "gateway_system_us"),
+        row("CPU µs per cycle: redis (r)", "redis_us"),
+        row("CPU µs per cycle: wrk (w)", "wrk_us"),
+        row("cores used: gateway", "gateway_cores", "{:.2f}"),
+        row(f"cores used: redis ({nodes} node{'s' if nodes > 1 else ''})", "redis_cores", "{:.2f}"),
+        row("cores used: wrk", "wrk_cores", "{:.2f}"),
+        row("cores used: other work on the machine", "other_cores", "{:.2f}"),
+        row("gateway reads + writes per cycle (/proc/PID/io syscr + syscw)", "syscalls", "{:.1f}"),
+        row("gateway context switches per cycle: voluntary", "voluntary", "{:.2f}"),
+        row("gateway context switches per cycle: involuntary", "involuntary", "{:.2f}"),
+        row("request latency p50 ms", "p50_ms", "{:.1f}"),
+        row("request latency p99 ms", "p99_ms", "{:.1f}"),
+        "| answers other than 200/204; socket errors | "
+        + " | ".join(refused(c) for c in CASES)
+        + " |",
+        "",
+        "Per round: 2 workers / 1 worker throughput "
+        + ratio("speedup", "; target ≥ 1.6x" if headline else "")
+        + ", gateway CPU per cycle "
+        + ratio("cpu_2_over_1", "; target ≤ 1.0x" if headline else "")
+        + "; 2 workers / 1 worker supervised, gateway CPU per cycle "
+        + ratio("cpu_2_over_supervised")
+        + "; 1 worker supervised / 1 worker, gateway CPU per cycle "
+        + ratio("cpu_supervised_over_1")
+        + " (what the supervisor, multiprocess metrics and shared directory cost).",
+        "",
+        "What the machine allows: the ceiling 2g/(g+r+w) with one worker's g, r and w "
+        "(2 cores shared by the gateway, Redis and wrk, CPU per cycle as with one worker) "
+        + ratio("ceiling")
+        + "; with the 2-worker CPU per cycle, 2 cores / (g+r+w) over one worker's cycles/s "
+        + ratio("ceiling_at_2")
+        + ".",
+    ]
 
 
 if __name__ == "__main__":
