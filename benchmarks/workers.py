@@ -475,7 +475,7 @@ def build_run(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         "cpu_2_over_1": ratio(lambda one, sup, two: two["gateway_us"] / one["gateway_us"]),
         "cpu_2_over_supervised": ratio(lambda one, sup, two: two["gateway_us"] / sup["gateway_us"]),
         "cpu_supervised_over_1": ratio(lambda one, sup, two: sup["gateway_us"] / one["gateway_us"]),
-        # 2 cores over what a cycle costs the machine, against one worker's throughput
+        # 2 cores over what a cycle costs the machine, against one worker on its core (1/g)
         "ceiling": ratio(
             lambda one, sup, two: (
                 2 * one["gateway_us"] / (one["gateway_us"] + one["redis_us"] + one["wrk_us"])
@@ -483,7 +483,7 @@ def build_run(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         ),
         "ceiling_at_2": ratio(
             lambda one, sup, two: (
-                2e6 / (two["gateway_us"] + two["redis_us"] + two["wrk_us"]) / one["cycles_per_s"]
+                2 * one["gateway_us"] / (two["gateway_us"] + two["redis_us"] + two["wrk_us"])
             )
         ),
         "per_round": per_round,
@@ -587,9 +587,8 @@ def run_lines(nodes: int, run: dict[str, Any], *, headline: bool) -> list[str]:
         "What the machine allows: the ceiling 2g/(g+r+w) with one worker's g, r and w "
         "(2 cores shared by the gateway, Redis and wrk, CPU per cycle as with one worker) "
         + ratio("ceiling")
-        + "; with the 2-worker CPU per cycle, 2 cores / (g+r+w) over one worker's cycles/s "
-        + ratio("ceiling_at_2")
-        + ".",
+        + "; with the CPU per cycle measured with 2 workers in the denominator, "
+        "2g₁/(g₂+r₂+w₂) " + ratio("ceiling_at_2") + ".",
     ]
 
 
