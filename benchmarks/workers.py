@@ -259,11 +259,14 @@ def start_server(case: str, redis: list[Redis], tmp: Path) -> Server:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
     log = (tmp / f"gateway-{case}.log").open("ab")
     run = ["-c", SUPERVISED] if case == "1s" else ["-m", "gateway", "serve", "--config"]
+    # A session of its own, as each worker has: with the kernel's autogroup scheduling a
+    # gateway in this script's session would share one group's CPU share with wrk and Redis.
     proc = subprocess.Popen(
         [sys.executable, *run, str(config)],
         env={**env, "PYTHONPATH": str(ROOT)},
         stdout=log,
         stderr=log,
+        start_new_session=True,
     )
     server = Server(proc, port, case)
     processes = 1 if case == "1" else workers + 1
