@@ -12,9 +12,11 @@ machine's cores, so 2 workers on 2 cores can at most serve
 
 times the cycles of one worker, where g, r and w are the CPU per cycle of the
 gateway, Redis and wrk with one worker (one worker is held by its one core,
-two fill the machine). The scaling table therefore uses ONE Redis node
-(``--nodes 1``, the default first table: r is a third of three nodes'); the
-second table (``--nodes 1,3``, the default) is the same run on three nodes.
+two fill the machine). The scaling table therefore runs on ONE Redis node (r
+is a third of three nodes'): ``--nodes`` lists the node counts, one table
+each, the first the scaling table; the default ``1,3`` adds the same run on
+three nodes. Every gateway runs in a session of its own, as the workers do
+(the kernel's autogroup scheduling shares CPU between sessions).
 
 Three cases, each started fresh in every round (the order rotates):
 
@@ -28,9 +30,10 @@ Three cases, each started fresh in every round (the order rotates):
 
 Per case: cycles per second (released leases / seconds); CPU per cycle of the
 gateway's processes (the supervisor and its workers), of Redis and of wrk
-(``/proc``); the cores each used; the gateway's read and write system calls
-and context switches (voluntary: its loop found nothing to do and slept;
-involuntary: another process took its core) per cycle. The report gives the
+(``/proc``), the gateway's split into user and system time; the cores each
+used; the gateway's read and write system calls and context switches
+(voluntary: its loop found nothing to do and slept; involuntary: another
+process took its core) per cycle. The report gives the
 medians over rounds and their ranges, the ratios per round, the ceiling, and
 how busy the machine was with other work.
 
