@@ -19,23 +19,15 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from lockservice.backend import Attempt, Backend, Readiness
+from lockservice.backend import Backend, Readiness
 from lockservice.errors import LeaseLost, LockHeld, PermitsMismatch, QuorumUnavailable
 from lockservice.events import ContentionObserver, LockEvents, NoEvents
 from lockservice.groups import Groups
-from lockservice.lease import (
-    EXCLUSIVE,
-    SEMAPHORE,
-    Lease,
-    LockInfo,
-    idempotency_tag,
-    validate_mode,
-    validate_name,
-    validate_permits,
-    validate_ttl,
-)
+from lockservice.idempotency import commit_tag, find_held
+from lockservice.kinds import Kind, SemaphoreAPI, handle_lease
+from lockservice.lease import EXCLUSIVE, Lease, LockInfo, validate_mode, validate_name, validate_ttl
 from lockservice.memory import MemoryBackend
 from lockservice.placement import GroupSpec
 from lockservice.redlock import Redlock
@@ -61,20 +53,7 @@ def _wake_up(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """What one acquire asks for: its mode, a semaphore's permits, its idempotency tag."""
-
-    mode: str
-    permits: int
-    tag: str
-
-    def lease(self, name: str, lease_id: str, attempt: Attempt, issuer: object) -> Lease:
-        token, valid_until = attempt.token, attempt.valid_until
-        return Lease(name, token, lease_id, valid_until, issuer, self.mode, self.permits)
-
-
-class LockManager:
+class LockManager(SemaphoreAPI):
     """Distributed locks with fencing tokens.
 
     Build one with ``await LockManager.connect(urls)``; with no URL the
@@ -202,47 +181,20 @@ class LockManager:
         mode = validate_mode(mode)
         return await self._acquire(name, ttl, wait, mode, 0, idempotency_key)
 
-    async def acquire_semaphore(
-        self,
-        name: str,
-        permits: int,
-        ttl: float = 10.0,
-        wait: float = 0.0,
-        *,
-        idempotency_key: str | None = None,
-    ) -> Lease:
-        """Take one of ``permits`` leases of the semaphore ``name`` (R24).
-
-        Every grant gets a token above every earlier grant's of ``name``.
-
-        Raises:
-            PermitsMismatch: semaphore leases of another ``permits`` hold it.
-            LockHeld, QuorumUnavailable, ValueError: as ``acquire``.
-        """
-        permits = validate_permits(permits)
-        return await self._acquire(name, ttl, wait, SEMAPHORE, permits, idempotency_key)
-
     async def _acquire(
         self, name: str, ttl: float, wait: float, mode: str, permits: int, key: str | None
     ) -> Lease:
         validate_name(name)
         ttl = validate_ttl(ttl, self.min_ttl, self.max_ttl)
         wait = validate_ttl(wait, 0.0, self.max_wait, "wait")
-        tag = "" if key is None else idempotency_tag(key, mode, permits)
+        kind = Kind.of(mode, permits, key)
         loop = asyncio.get_running_loop()
         start = time.perf_counter()  # durations: the loop's clock may be ms-coarse (uvloop)
         deadline = loop.time() + wait
-        kind = Kind(mode, permits, tag)
-        if tag:  # a repeat: answer the held lease before queueing behind anyone (R26)
-            try:
-                found = await self._backend.find(name, tag)
-            except QuorumUnavailable:
-                self.events.quorum_failed("acquire")
-                self.events.acquire_done("quorum_unavailable", 0.0, kind=mode)
-                raise
+        if kind.tag:  # a repeat: answer the held lease before queueing behind anyone (R26)
+            found = await find_held(self._backend, self.events, name, kind, start, self)
             if found is not None:
-                self.events.acquire_done("granted", time.perf_counter() - start, kind=mode)
-                return kind.lease(name, found.lease_id, found, self)
+                return found
         lease_id = secrets.token_hex(16)
         ticket = f"{time.time() * 1000:.3f}" if wait else ""  # place in the remote queue
         result = "cancelled"
@@ -318,12 +270,8 @@ class LockManager:
                             raise
                         resynced = True
                         continue
-                    if attempt.token and kind.tag and attempt.lease_id in ("", lease_id):
-                        # R26: decided; the tag names this lease only from now on. Two
-                        # requests with one key that both got a lease keep the first
-                        # committed (a cancel here gives this one back, below).
-                        other = await backend.commit(name, lease_id, attempt.token, kind.tag)
-                        attempt = other or attempt
+                    # R26: decided, the tag is committed (a cancel here gives it back, below)
+                    attempt = await commit_tag(backend, name, lease_id, attempt, kind)
                     if attempt.token:
                         if attempt.lease_id and attempt.lease_id != lease_id:
                             backend.abandon(name, lease_id)  # the tag's lease answered: R26
@@ -398,18 +346,7 @@ class LockManager:
         ``extend`` of it returns the real token and deadline; its ``release`` always
         waits for the nodes' answer, since nothing local says it is still valid.
         """
-        validate_name(name)
-        if not (isinstance(lease_id, str) and len(lease_id) == 32):
-            raise ValueError(f"lease id {lease_id!r} is not 32 hexadecimal characters")
-        try:
-            int(lease_id, 16)
-        except ValueError:
-            raise ValueError(f"lease id {lease_id!r} is not 32 hexadecimal characters") from None
-        if mode == SEMAPHORE:
-            permits = validate_permits(permits)
-        else:
-            mode, permits = validate_mode(mode), 0
-        return Lease(name, 0, lease_id, float("inf"), mode=mode, permits=permits)
+        return handle_lease(name, lease_id, mode, permits)
 
     async def release(self, lease: Lease) -> None:
         """Release the lease; the release goes out even if this call is cancelled.
@@ -488,21 +425,6 @@ class LockManager:
         learns it no longer holds the lock.
         """
         lease = await self.acquire(name, ttl=ttl, wait=wait, mode=mode)
-        async with self._hold(lease, ttl, auto_renew) as held:
-            yield held
-
-    @asynccontextmanager
-    async def semaphore(
-        self,
-        name: str,
-        permits: int,
-        ttl: float = 10.0,
-        wait: float = 0.0,
-        *,
-        auto_renew: bool = False,
-    ) -> AsyncIterator[Lease]:
-        """Hold one lease of the semaphore ``name`` for the body, as ``lock()`` does."""
-        lease = await self.acquire_semaphore(name, permits, ttl=ttl, wait=wait)
         async with self._hold(lease, ttl, auto_renew) as held:
             yield held
 
