@@ -181,7 +181,7 @@ R26 An idempotency tag (a digest of the key and of the kind, ``lease.
     first (find.lua; synced and not quarantined nodes only, R17) and returns the
     lease a quorum names committed (its id, the decided token, the validity a
     quorum still gives it); a try that finds it answers it instead of granting
-    or queueing (acquire.lua, ``acquire.found_lease``, ``manager``,
+    or queueing (acquire.lua, ``acquire.found_lease``, ``idempotency``,
     ``memory.commit``). extend answers the largest token of a quorum: the
     decided token is on a quorum (R4) and every quorum meets it.
                                                            [one lease per key]
@@ -241,7 +241,7 @@ out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 (``waiter.py``) and the client and resync steps (``protocol_model.py``); its
 README has the table rule -> model step -> counterexample. Rules whose switch
 gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22, R23,
-R32 (R10, R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
+R26, R32 (R10, R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
 counterexample was found within the bounds searched. R27-R31 (Redlock groups)
 are not in the model: their counterexamples are tests on real nodes.
 
@@ -317,8 +317,10 @@ R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     idempotency_digests_go_with_their_leases; test_protocol: a_repeat_answers_the_
     decided_token_not_a_vote_of_the_nodes; faults/test_idempotent_acquire:
     a_repeat_never_returns_a_grant_its_owner_then_gives_up, extend_returns_the_
-    decided_token_when_round_2_missed_a_node. Not modelled: the model's repeat
-    (tests/model) does not commit tags.
+    decided_token_when_round_2_missed_a_node; model: without_the_rule (R26: the
+    tag stored at the grant, a repeat returns a grant its owner then gives up),
+    one_lease_per_key_holds_for_repeats_through_two_gateways (find, the commit
+    after the decision, the give-up; extend's token answer is not modelled).
 R27 lockservice/test_groups: placement_is_stable_and_even, names_of_a_group_
     keep_their_group_when_others_come_and_go; faults/test_groups:
     a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone

@@ -186,6 +186,10 @@ def _msg(msg: object) -> str:
         return f"release({lease}{'' if msg[2] else ', replayed'})"
     if kind == "raise":
         return f"raise_fence({lease} to {msg[2]})"
+    if kind == "find":
+        return f"find(the tag of {lease})"
+    if kind == "tag":
+        return f"tag({lease} token {msg[2]})"
     return f"extend({lease})"
 
 
@@ -236,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", type=int, default=d.capacity)
     p.add_argument("--reorders", type=int, default=d.reorders)
     p.add_argument("--counter", type=int, default=d.counter, help="every node's at the start")
+    p.add_argument("--keyed", type=int, default=d.keyed, help="clients carrying one key (R26)")
+    p.add_argument("--modes", default="", help="each client's lock kind: exclusive,shared,...")
+    p.add_argument("--permits", type=int, default=d.permits, help="of every semaphore client")
     p.add_argument("--kinds", default=",".join(sorted(d.kinds)), help="fault kinds allowed")
     p.add_argument("--depth", type=int, default=1000, help="steps from the start")
     p.add_argument("--max-states", type=int, default=20_000_000)
@@ -247,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         clients=a.clients, acquires=_acquires(a.acquires), tries=a.tries, extends=a.extends,
         max_time=a.time, ttl=a.ttl, faults=a.faults, crashes=a.crashes, capacity=a.capacity,
         reorders=a.reorders, counter=a.counter, kinds=frozenset(k for k in a.kinds.split(",") if k),
+        keyed=a.keyed, modes=tuple(m for m in a.modes.split(",") if m), permits=a.permits,
     )  # fmt: skip
     model = Model(bounds, frozenset(r.upper() for r in a.without))
     print(f"bounds {bounds._asdict()}, without {sorted(model.rules.off) or 'nothing'}")

@@ -8,11 +8,17 @@ asks the same ttl) and the run_id argument (see ``Node.synced``).
 Switchable rules acting here: R4 (raise_fence acks only a free or own lock),
 R12 (a try that finds a hand-over re-issues it), R13 (an undo names its grant),
 R22 (a lease joins the holders only when its mode may), R23 (every grant, a
-shared one too, issues a new token).
+shared one too, issues a new token), R26 (no grant stores the idempotency tag: off,
+``grant`` stores it with the grant's token, as a commit before the decision would).
 
 Lock kinds (R22): ``lock`` is an exclusive holder; ``group`` the shared or
 semaphore holders (``holders:{name}``), all of ``mode``. Each client's mode and
 the semaphores' permits are ``Kinds``, passed to every script.
+
+Idempotency (R26): the clients below ``Kinds.keyed`` carry one key (one tag);
+``tags`` are the leases that committed it here with their decided token (the
+entries of ``holdert:{name}``), dropped with the lease's hold. find.lua and tag.lua
+are in ``tags.py``; acquire.lua answers a committed lease here (``-4``).
 """
 
 from __future__ import annotations
@@ -44,9 +50,14 @@ class Kinds(NamedTuple):
 
     modes: tuple[str, ...] = ()
     permits: int = 1
+    keyed: int = 0  # clients 0 .. keyed - 1 carry one idempotency key (R26)
 
     def of(self, lease: Lease) -> str:
         return self.modes[lease[0]] if lease[0] < len(self.modes) else "exclusive"
+
+    def tagged(self, lease: Lease) -> bool:
+        """The lease's acquire carries the idempotency key."""
+        return lease[0] < self.keyed
 
 
 ALL_EXCLUSIVE = Kinds()
@@ -65,6 +76,7 @@ class Node(NamedTuple):
     recopy: bool = False  # fencegate:recopy: refuses grants until copied again (R21)
     group: tuple[Lock, ...] = ()  # shared or semaphore holders (R22), sorted
     mode: str = ""  # the group's mode
+    tags: tuple[tuple[Lease, int], ...] = ()  # committed tag: (lease, decided token) (R26)
 
     def grantable(self, now: int) -> int:
         """0 when the node may grant, else acquire.lua's code (-2 unsynced, -1 quarantined)."""
@@ -84,6 +96,23 @@ class Node(NamedTuple):
     def free(self) -> bool:
         return self.lock is None and not self.group
 
+    def committed(self) -> tuple[Lease, int, int] | None:
+        """queue.lua ``tagged``: a lease holding the lock here that committed the tag, with
+        its token and expiry (R26)."""
+        for lease, token in self.tags:
+            if self.lock is not None and self.lock[0] == lease:
+                return lease, token, self.lock[2]
+            expiry = next((e for who, _, e in self.group if who == lease), None)
+            if expiry is not None:
+                return lease, token, expiry
+        return None
+
+    def pruned(self) -> Node:
+        """Tags go with their lease's hold (release, undo, expiry)."""
+        if not self.tags:
+            return self
+        return self._replace(tags=tuple(t for t in self.tags if self.held_by(t[0])))
+
     def joinable(self, mode: str, kinds: Kinds, rules: Rules) -> bool:
         """queue.lua ``joinable``: free, or a group this mode may join (R22)."""
         if self.free():
@@ -97,20 +126,29 @@ class Node(NamedTuple):
     def without(self, lease: Lease) -> Node:
         """The lease's grant given back (its place in the group, or the lock)."""
         if self.lock is not None and self.lock[0] == lease:
-            return self._replace(lock=None)
+            return self._replace(lock=None).pruned()
         group = tuple(m for m in self.group if m[0] != lease)
-        return self._replace(group=group, mode=self.mode if group else "")
+        return self._replace(group=group, mode=self.mode if group else "").pruned()
 
     def grant(
-        self, lease: Lease, now: int, ttl: int, mode: str = "exclusive", rules: Rules | None = None
+        self,
+        lease: Lease,
+        now: int,
+        ttl: int,
+        mode: str = "exclusive",
+        rules: Rules | None = None,
+        tag: bool = False,
     ) -> tuple[Node, int]:
         """queue.lua ``grant()``: INCR fence (above the base), SET lock PX ttl (R1, R2),
-        or a place in the group; a shared grant without R23 takes the counter as is."""
+        or a place in the group; a shared grant without R23 takes the counter as is.
+        Without R26, a grant of a keyed lease (``tag``) stores the tag at once."""
         if mode == "shared" and rules is not None and not rules.on("R23") and self.fence:
             token = self.fence
         else:
             token = max(self.fence + 1, self.base + 1)
         node = self._replace(fence=token)
+        if tag and rules is not None and not rules.on("R26"):
+            node = node._replace(tags=tuple(sorted((*node.tags, (lease, token)))))
         if mode == "exclusive":
             return node._replace(lock=(lease, token, now + ttl)), token
         group = tuple(
@@ -140,16 +178,20 @@ def acquire(
     rules: Rules,
     kinds: Kinds = ALL_EXCLUSIVE,
 ) -> Result:
-    """acquire.lua for a waiter: ``(token, 0)``, ``(0, counter)``, or ``(code, 0)``."""
+    """acquire.lua for a waiter: ``(token, 0)``, ``(0, counter)``, ``(code, 0)``, or
+    ``(-4, (lease, token, ticks left))`` for the lease that committed the tag (R26)."""
     code = node.grantable(now)
     if code:
         return node, (code, 0), ()
-    mode = kinds.of(lease)
+    mode, tag = kinds.of(lease), kinds.tagged(lease)
+    found = node.committed() if tag else None
+    if found is not None and found[0] != lease:  # the lease of the tag answers (R26)
+        return node, (-4, (found[0], found[1], found[2] - now)), ()
     held = node.holding(lease)
     if held is not None:  # handed over meanwhile
         if not rules.on("R12"):
             return node, (held, 0), ()  # the old grant, as it stands
-        node, token = node.grant(lease, now, ttl, mode, rules)  # confirmed anew: new token, ttl
+        node, token = node.grant(lease, now, ttl, mode, rules, tag)  # confirmed anew
         return node, (token, 0), ()
     if not node.joinable(mode, kinds, rules):
         return node.enqueue(lease, ticket), (0, node.fence), ()
@@ -158,7 +200,7 @@ def acquire(
         if node.head() != lease:
             return node, (0, node.fence), ()
         node, _ = node.dequeue(lease)
-    node, token = node.grant(lease, now, ttl, mode, rules)
+    node, token = node.grant(lease, now, ttl, mode, rules, tag)
     return node, (token, 0), ()
 
 
@@ -175,7 +217,7 @@ def _hand_over(
         if not node.joinable(mode, kinds, rules):
             break
         node, _ = node.dequeue(head)
-        node, token = node.grant(head, now, ttl, mode, rules)
+        node, token = node.grant(head, now, ttl, mode, rules, kinds.tagged(head))
         published = (*published, (head, token))
         if mode == "exclusive":
             break

@@ -28,6 +28,7 @@ from itertools import combinations
 from typing import Any
 
 from tests.model import node_scripts as ns
+from tests.model import tags
 from tests.model.node_scripts import Lease, Node
 from tests.model.state import (
     FAIL,
@@ -53,7 +54,7 @@ class Model:
         self.n = bounds.nodes
         self.q = bounds.nodes // 2 + 1
         self.cut = bounds.ttl - bounds.drift  # R5: validity = ttl - drift(ttl)
-        self.kinds = ns.Kinds(bounds.modes, bounds.permits)
+        self.kinds = ns.Kinds(bounds.modes, bounds.permits, bounds.keyed)
 
     def initial(self) -> State:
         nodes = (Node(fence=self.b.counter),) * self.n
@@ -121,9 +122,67 @@ class Model:
         if self.b.modes and token <= cl.floor and not s.broken:
             s = s._replace(broken=f"I2: lease {(c, cl.acquires)} got token {token} <= {cl.floor}")
         s = s._replace(leases=(*s.leases, token))
+        if not self.kinds.tagged((c, 0)):
+            return self._client(
+                s, c, phase="holding", pending=None, token=token, valid_until=valid_until,
+                extends=0,
+            )  # fmt: skip
+        lease = (c, cl.acquires)
+        s = s._replace(decided=(*s.decided, (lease, token)))
+        if not self.rules.on("R26"):  # the tag was stored at the grant: nothing to commit
+            return self._client(
+                s, c, phase="holding", pending=None, valid_until=valid_until, extends=0,
+                held=(lease, token),
+            )  # fmt: skip
+        # R26: decided, the tag names this lease from now on (tag.lua on every node)
+        s = self._send_all(s, c, ("tag", lease, token))
         return self._client(
-            s, c, phase="holding", pending=None, token=token, valid_until=valid_until, extends=0
-        )
+            s, c, phase="committing", pending=None, token=token, valid_until=valid_until,
+            start=s.now, replies=(None,) * self.n, held=(lease, token),
+        )  # fmt: skip
+
+    # R26: the look-up of a repeat, the commit after the decision
+    def _find(self, s: State, c: int) -> State:
+        """A keyed acquire asks the nodes for the lease committed with its tag first."""
+        s = self._send_all(s, c, ("find", (c, s.clients[c].acquires)))
+        return self._client(s, c, phase="finding", start=s.now, replies=(None,) * self.n)
+
+    def _after_find(self, s: State, c: int) -> State:
+        cl = s.clients[c]
+        if sum(_answers_find(r) for r in cl.replies) < self.q:
+            return self._client(s, c, phase="idle", pending=None)  # QuorumUnavailable
+        found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
+        if found is None:
+            return self._attempt(s, c)
+        return self._returned(s, c, found)
+
+    def _after_commit(self, s: State, c: int) -> State:
+        """Committed on a quorum: the own lease. Else a quorum naming another lease of
+        the tag: give the own lease up, return that one. Else (best effort) the own."""
+        cl = s.clients[c]
+        if sum(r == 1 for r in cl.replies) >= self.q:
+            return self._client(s, c, phase="holding", extends=0)
+        found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
+        if found is None:  # best effort under faults: a repeat may get another lease
+            s = s._replace(uncommitted=(*s.uncommitted, (c, cl.acquires)))
+            return self._client(s, c, phase="holding", extends=0)
+        return self._returned(self._abandon(s, c), c, found)
+
+    def _returned(self, s: State, c: int, found: tags.Found) -> State:
+        """The acquire returns the lease of its tag; it must be a lease its owner
+        decided, with the decided token (one lease per key)."""
+        lease, token, valid_until = found
+        decided = dict(s.decided).get(lease)  # type: ignore[arg-type]
+        if decided != token and not s.broken:
+            why = "its owner never decided" if decided is None else f"decided with {decided}"
+            s = s._replace(
+                broken=f"one lease per key: client {c} got L{lease[0]}.{lease[1]} token {token}, "
+                f"{why}"
+            )
+        return self._client(
+            s, c, phase="holding", pending=None, valid_until=valid_until, extends=0,
+            held=(lease, token),
+        )  # fmt: skip
 
     def _undo(self, s: State, c: int, *, give_up: bool) -> State:
         """Undo the grants the waiter holds, each named by its token (R13), behind the try
@@ -150,11 +209,16 @@ class Model:
         pending = cl.pending
         assert pending is not None
         busy = usable = 0
+        named = []
         for i, reply in enumerate(cl.replies):
             if not isinstance(reply, tuple):
                 continue
             code, extra = reply
-            if code > 0:
+            if code == -4:  # the lease of the tag (R26)
+                usable += 1
+                busy += 1
+                named.append(extra)
+            elif code > 0:
                 usable += 1
                 since = cl.start if self.rules.on("R5") else s.now
                 pending = pending.granted(i, code, since, self.rules)
@@ -163,6 +227,9 @@ class Model:
                 busy += 1
                 pending = pending.refused(i, cl.start, extra, self.rules)
         s = self._client(s, c, pending=pending)
+        found = tags.found_lease(named, self.q, cl.start, self.b.drift)
+        if found is not None:  # answered by the tag's lease: its own grants given back
+            return self._returned(self._abandon(s, c), c, found)
         need = self._need(c)
         ready = pending.lease(need, s.now, self.cut, self.rules)
         if ready is not None:
@@ -205,15 +272,20 @@ class Model:
                     pending += 1
                 elif isinstance(reply, tuple) and reply[0] > 0:
                     granted += 1
-                elif isinstance(reply, tuple) and reply[0] == 0:
+                elif isinstance(reply, tuple) and reply[0] in (0, -4):
                     held += 1
             if granted >= q:
                 return True
             if granted + pending >= q:
                 return False
             return granted + held >= q or granted + held + pending < q or not pending
-        least = cl.token if cl.phase == "raising" else 1
-        ok = sum(isinstance(x, int) and x >= least for x in r)
+        if cl.phase == "finding":
+            ok = sum(_answers_find(x) for x in r)
+        elif cl.phase == "committing":
+            ok = sum(x == 1 for x in r)
+        else:
+            least = cl.token if cl.phase == "raising" else 1
+            ok = sum(isinstance(x, int) and x >= least for x in r)
         bad = sum(x is not None for x in r) - ok
         return ok >= q or bad > self.n - q or None not in r
 
@@ -228,7 +300,8 @@ class Model:
                 ticket=s.now * 100 + sum(x.acquires for x in s.clients),  # arrival order
                 floor=max(s.leases, default=0) if self.b.modes else 0,  # else: by creation
             )  # fmt: skip
-            yield ("acquire", c), self._attempt(s2, c)
+            start = self._find if self.kinds.tagged((c, 0)) else self._attempt
+            yield ("acquire", c), start(s2, c)
         elif cl.phase == "waiting":
             assert cl.pending is not None
             ready = cl.pending.lease(self._need(c), s.now, self.cut, self.rules)
@@ -236,20 +309,15 @@ class Model:
                 yield ("retry", c), self._attempt(s, c)
             else:  # the deadline: a waiter gives up after its last try (a bound)
                 yield ("give up", c), self._abandon(s, c)
-        elif cl.phase in ("trying", "raising", "extending"):
-            after = {"trying": self._after_try, "raising": self._after_raise}.get(
-                cl.phase, self._after_extend
-            )
+        elif cl.phase in ("finding", "trying", "raising", "committing", "extending"):
+            after = self._after(cl.phase)
             if self._decided(cl, c):
                 yield ("decide", c, cl.phase), after(s, c)
             elif None in cl.replies and self._may(s, "timeout"):  # a slow node: a fault
                 yield ("time out", c, cl.phase), after(s._replace(faults=s.faults + 1), c)
         elif cl.phase == "holding":
-            lease = (c, cl.acquires)
-            yield (
-                ("release", c),
-                self._client(self._send_all(s, c, ("rel", lease, 1)), c, phase="idle"),
-            )
+            lease = cl.held[0] if cl.held else (c, cl.acquires)
+            yield ("release", c), self._released(self._send_all(s, c, ("rel", lease, 1)), lease)
             if cl.extends < b.extends and cl.valid_until > s.now:
                 s2 = self._send_all(s, c, ("ext", lease, cl.extends + 1, s.now))
                 s2 = self._client(
@@ -257,6 +325,23 @@ class Model:
                     replies=(None,) * self.n,
                 )  # fmt: skip
                 yield ("extend", c), s2
+
+    def _released(self, s: State, lease: Lease) -> State:
+        """A release ends the hold of every client holding the lease: clients that
+        hold one lease through its key (R26) are one caller's repeats."""
+        for k, other in enumerate(s.clients):
+            own = other.held[0] if other.held else (k, other.acquires)
+            if own == lease and other.phase in ("holding", "extending"):
+                s = self._client(s, k, phase="idle")
+        return s
+
+    def _after(self, phase: str) -> Any:
+        return {
+            "finding": self._after_find,
+            "trying": self._after_try,
+            "raising": self._after_raise,
+            "committing": self._after_commit,
+        }.get(phase, self._after_extend)
 
     # nodes
     def run(self, s: State, n: int, msg: Msg) -> tuple[State, object]:
@@ -273,6 +358,10 @@ class Model:
             node, reply, pub = ns.release(node, lease, now, ttl, rules, kinds)
         elif kind == "raise":
             node, reply, pub = ns.raise_fence(node, lease, msg[2], rules)  # type: ignore[arg-type]
+        elif kind == "find":
+            node, reply, pub = tags.find(node, now)
+        elif kind == "tag":
+            node, reply, pub = tags.commit(node, lease, msg[2], now)  # type: ignore[arg-type]
         else:
             node, reply, pub = ns.extend(node, lease, now, ttl)
         s = s._replace(nodes=put(s.nodes, n, node))
@@ -304,6 +393,12 @@ class Model:
             return self._client(s, c, pending=pending.undone(n, msg[4], answer, self.rules))  # type: ignore[arg-type]
         elif kind == "rel" and reply == FAIL and msg[2]:
             return self._send(s, c, n, ("rel", lease, 0))  # replayed after the reconnect
+        elif kind in ("find", "tag") and mine and cl.phase in ("finding", "committing"):
+            if cl.replies[n] is None and (kind == "find") == (cl.phase == "finding"):
+                return self._answered(self._client(s, c, replies=put(cl.replies, n, reply)), c)
+        elif kind == "ext" and cl.held and lease == cl.held[0] and cl.phase == "extending":
+            if cl.replies[n] is None and msg[2] == cl.extends:
+                return self._answered(self._client(s, c, replies=put(cl.replies, n, reply)), c)
         elif kind in ("raise", "ext") and mine and cl.phase in ("raising", "extending"):
             round_of = cl.extends if kind == "ext" else cl.tries  # which round it answers
             if cl.replies[n] is None and msg[2 if kind == "ext" else 3] == round_of:
@@ -315,9 +410,7 @@ class Model:
         cl = s.clients[c]
         if not self._decided(cl, c):
             return s
-        if cl.phase == "trying":
-            return self._after_try(s, c)
-        return self._after_raise(s, c) if cl.phase == "raising" else self._after_extend(s, c)
+        return self._after(cl.phase)(s, c)  # type: ignore[no-any-return]
 
     def _hand_over(self, s: State, n: int, lease: Lease, token: int) -> State:
         """A hand-over message reaches the waiter's process (Handovers.handed)."""
@@ -471,16 +564,23 @@ class Model:
 
     # invariants
     def violation(self, s: State) -> str | None:
-        valid = [c for c, cl in enumerate(s.clients) if believes(cl, s.now)]
-        modes = [self.kinds.of((c, 0)) for c in valid]
+        believers = [c for c, cl in enumerate(s.clients) if believes(cl, s.now)]
+        # one lease per id: clients that hold one lease (an idempotent repeat, R26) are one
+        held = {c: cl.held[0] if cl.held else (c, cl.acquires) for c, cl in enumerate(s.clients)}
+        valid = sorted({held[c] for c in believers})
+        modes = [self.kinds.of(lease) for lease in valid]
         if len(valid) > 1 and "exclusive" in modes:
-            return f"I1: clients {valid} ({modes}) both hold a valid lease at t={s.now}"
+            return f"I1: clients {believers} ({modes}) both hold a valid lease at t={s.now}"
         if modes.count("semaphore") > self.b.permits:
             return (
                 f"I5: clients {valid} hold {modes.count('semaphore')} semaphore leases at t={s.now}"
             )
         if s.broken:
             return s.broken
+        keyed = sorted({held[c] for c in believers if self.kinds.tagged((c, 0))})
+        if len(keyed) > 1 and not set(keyed) & set(s.uncommitted):
+            leases = ", ".join(f"L{x[0]}.{x[1]}" for x in keyed)
+            return f"one lease per key: {leases} are valid, each returned for the key"
         if not self.b.modes:  # exclusive leases never overlap: ordered by creation
             for earlier, later in zip(s.leases, s.leases[1:], strict=False):
                 if later <= earlier:
@@ -492,6 +592,11 @@ class Model:
         return None
 
 
+def _answers_find(reply: object) -> bool:
+    """find.lua answered: a committed lease, or none (not unsynced, quarantined, failed)."""
+    return reply == 0 or isinstance(reply, tuple)
+
+
 def _expire(node: Node, now: int) -> Node:
     """Locks and group members whose ttl ran out are gone."""
     if node.lock is not None and node.lock[2] <= now:
@@ -499,4 +604,4 @@ def _expire(node: Node, now: int) -> Node:
     if node.group:
         group = tuple(m for m in node.group if m[2] > now)
         node = node._replace(group=group, mode=node.mode if group else "")
-    return node
+    return node.pruned()

@@ -47,10 +47,11 @@ class Bounds(NamedTuple):
     counter: int = 0  # fence:{name} on every node at the start (earlier leases)
     modes: tuple[str, ...] = ()  # each client's lock kind (R22): exclusive when not listed
     permits: int = 1  # of every semaphore client
+    keyed: int = 0  # clients 0 .. keyed - 1 carry one idempotency key (R26)
 
 
 class Client(NamedTuple):
-    phase: str = "idle"  # idle, trying, waiting, raising, holding, extending
+    phase: str = "idle"  # idle, finding, trying, waiting, raising, committing, holding, extending
     acquires: int = 0  # acquires started; the lease is (client, acquires)
     pending: Pending | None = None  # the queued acquire's grants (Handovers)
     tries: int = 0  # tries sent in this acquire; a try is named by its number
@@ -63,6 +64,9 @@ class Client(NamedTuple):
     valid_until: int = 0
     extends: int = 0
     floor: int = 0  # the largest token of a lease completed before this acquire began (I2)
+    # a keyed client's lease, as returned (R26): (lease, token); another client's lease
+    # when the tag answered it
+    held: tuple[tuple[int, int], int] | None = None
 
 
 class State(NamedTuple):
@@ -80,6 +84,9 @@ class State(NamedTuple):
     leases: tuple[int, ...] = ()  # tokens of the leases granted, in order of creation
     reorders: int = 0
     broken: str = ""  # I2 of a lease whose token was not above its acquire's floor
+    decided: tuple[tuple[tuple[int, int], int], ...] = ()  # keyed leases' decided tokens (R26)
+    # keyed leases returned with fewer than Q commits (R26's best effort under faults)
+    uncommitted: tuple[tuple[int, int], ...] = ()
 
 
 def put(items: tuple[T, ...], i: int, value: T) -> tuple[T, ...]:
@@ -97,11 +104,23 @@ def canonical(cl: Client) -> Client:
     if phase == "idle":
         return Client(acquires=cl.acquires)
     if phase == "holding":
-        return Client(phase, cl.acquires, valid_until=cl.valid_until, extends=cl.extends)
+        return Client(
+            phase, cl.acquires, valid_until=cl.valid_until, extends=cl.extends, held=cl.held
+        )
     if phase == "extending":
         return Client(
             phase, cl.acquires, start=cl.start, replies=cl.replies, valid_until=cl.valid_until,
-            extends=cl.extends,
+            extends=cl.extends, held=cl.held,
+        )  # fmt: skip
+    if phase == "finding":
+        return Client(
+            phase, cl.acquires, cl.pending, start=cl.start, replies=cl.replies, ticket=cl.ticket,
+            floor=cl.floor,
+        )  # fmt: skip
+    if phase == "committing":
+        return Client(
+            phase, cl.acquires, start=cl.start, replies=cl.replies, token=cl.token,
+            valid_until=cl.valid_until, held=cl.held,
         )  # fmt: skip
     if phase == "waiting":
         return cl._replace(start=0, replies=(), before=frozenset(), token=0, valid_until=0)

@@ -18,6 +18,7 @@ import pytest
 from tests.model.explore import explore, main, replay
 from tests.model.node_scripts import Kinds, Node, acquire, release, undo
 from tests.model.protocol_model import Bounds, Model, State
+from tests.model.tags import commit, find, found_lease
 from tests.model.waiter import Rules
 
 DEEP = os.environ.get("FENCEGATE_MODEL_DEEP") == "1"
@@ -56,6 +57,36 @@ KINDS = {
     ),
 }
 
+# Idempotency (R26): two clients carrying one key, each a gateway a request reaches
+# (a repeat through another gateway). Every rule on, explored completely: no
+# violation of I1, I2 and "one lease per key" (a few seconds together).
+KEYED = {
+    "two exclusive clients with one key, time": Bounds(
+        keyed=2, max_time=2, faults=0, reorders=0, tries=2
+    ),
+    "two shared clients with one key, reordering": Bounds(
+        keyed=2, modes=("shared", "shared"), max_time=1, faults=0, reorders=1, tries=1
+    ),
+    "two exclusive clients with one key, one fault, no crash": Bounds(
+        keyed=2, max_time=0, faults=1, kinds=NO_CRASH, reorders=0, tries=1
+    ),
+}
+# With faults, two shared clients (about 30 s more, with FENCEGATE_MODEL_DEEP=1).
+DEEP_KEYED = {
+    "two shared clients with one key, one crash": Bounds(
+        keyed=2, modes=("shared", "shared"), max_time=0, faults=1, kinds=CRASH, reorders=1, tries=1
+    ),
+    "two shared clients with one key, one fault, no crash": Bounds(
+        keyed=2,
+        modes=("shared", "shared"),
+        max_time=0,
+        faults=1,
+        kinds=NO_CRASH,
+        reorders=1,
+        tries=1,
+    ),
+}
+
 # The same with faults (about 80 s more, with FENCEGATE_MODEL_DEEP=1).
 DEEP_KINDS = {
     "shared and exclusive, one fault, no crash": Bounds(
@@ -89,6 +120,9 @@ TEETH: dict[str, tuple[Bounds, str]] = {
     # lease released before it: a fenced read with it does not fence out that holder's
     # late write (tests/gateway/test_shared_lock_fencing.py runs it against a store)
     "R23": (Bounds(modes=("exclusive", "shared"), max_time=0, faults=0, reorders=0), "I2"),
+    # the tag stored at the grant (a commit before the decision): a repeat returns a
+    # grant whose owner then gives it up, as the ttl ran out before its answers came
+    "R26": (Bounds(keyed=2, max_time=2, faults=0, reorders=0, tries=1), "one lease per key"),
 }
 DEEP_TEETH: dict[str, tuple[Bounds, str]] = {
     "R10": (Bounds(acquires=(2, 1), max_time=2, faults=0, reorders=1), "I1"),
@@ -194,6 +228,24 @@ def test_every_invariant_holds_for_shared_locks_and_semaphores(name: str) -> Non
     assert result.violation is None, "\n".join(result.trace)
     assert result.complete, "the bounds were not explored completely: " + result.summary()
     assert result.states > 20_000  # the bounds are not trivial
+
+
+@pytest.mark.parametrize("name", sorted(KEYED))
+def test_one_lease_per_key_holds_for_repeats_through_two_gateways(name: str) -> None:
+    result = explore(Model(KEYED[name]), seconds=SAFETY_VALVE)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, "the bounds were not explored completely: " + result.summary()
+    assert result.states > 15_000  # the bounds are not trivial
+
+
+@pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
+@pytest.mark.parametrize("name", sorted(DEEP_KEYED))
+def test_one_lease_per_key_holds_with_faults(name: str) -> None:
+    result = explore(Model(DEEP_KEYED[name]), seconds=120)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, "the bounds were not explored completely: " + result.summary()
 
 
 @pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
@@ -325,3 +377,30 @@ def test_the_node_model_hands_over_when_a_waiter_leaves_a_group() -> None:
     assert published == (((2, 1), 2),)
     assert [m[0] for m in node.group] == [(0, 1), (2, 1)]
     assert node.queue == ()
+
+
+def test_the_node_model_follows_the_scripts_for_tags() -> None:
+    """Spot checks of tag.lua, find.lua and acquire.lua's answer for a tag (R26)."""
+    rules, kinds = Rules(), Kinds(keyed=2)
+    node, _, _ = acquire(Node(), (0, 1), 0, 0, 2, rules, kinds)
+    assert node.tags == ()  # a grant stores no tag: it is not a lease yet
+    assert find(node, 0)[1] == 0
+    assert commit(node, (1, 1), 1, 0)[1] == 0  # not held by that lease here
+    node, reply, _ = commit(node, (0, 1), 1, 0)
+    assert reply == 1
+    assert find(node, 1)[1] == ((0, 1), 1, 1)  # the lease, its token, ticks left
+    _, reply, _ = acquire(node, (1, 1), 1, 1, 2, rules, kinds)
+    assert reply == (-4, ((0, 1), 1, 1))  # a keyed try is answered that lease
+    assert commit(node, (1, 1), 2, 1)[1] == ((0, 1), 1, 1)
+    assert acquire(node, (2, 1), 2, 1, 2, rules, kinds)[1] == (0, 1)  # no key: queued
+    released, _, _ = release(node, (0, 1), 1, 2, rules, kinds)
+    assert released.tags == ()  # the tag goes with the release
+    assert find(node._replace(synced=False), 1)[1] == -2  # unsynced: no answer
+    assert find(node._replace(quarantine=5), 1)[1] == -1  # quarantined: no answer
+    # without R26 the grant stores the tag at once, with the grant's token
+    loose = acquire(Node(), (0, 1), 0, 0, 2, Rules(frozenset({"R26"})), kinds)[0]
+    assert loose.tags == (((0, 1), 1),)
+    # a quorum of answers naming one lease: its largest token, the quorum's validity
+    named = [((0, 1), 3, 2), ((0, 1), 4, 1), 0]
+    assert found_lease(named, 2, 5, 0) == ((0, 1), 4, 6)
+    assert found_lease([((0, 1), 3, 2), ((1, 1), 4, 1), 0], 2, 5, 0) is None
