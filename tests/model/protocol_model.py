@@ -30,6 +30,7 @@ from typing import Any
 from tests.model import node_scripts as ns
 from tests.model import tags
 from tests.model.node_scripts import Lease, Node
+from tests.model.repeats import Repeats, answers_find
 from tests.model.state import (
     FAIL,
     Bounds,
@@ -46,7 +47,7 @@ from tests.model.waiter import Pending, Rules
 __all__ = ["Bounds", "Client", "Label", "Model", "State"]
 
 
-class Model:
+class Model(Repeats):
     def __init__(self, bounds: Bounds | None = None, without: frozenset[str] = frozenset()):
         bounds = bounds or Bounds()
         self.b = bounds
@@ -139,49 +140,6 @@ class Model:
         return self._client(
             s, c, phase="committing", pending=None, token=token, valid_until=valid_until,
             start=s.now, replies=(None,) * self.n, held=(lease, token),
-        )  # fmt: skip
-
-    # R26: the look-up of a repeat, the commit after the decision
-    def _find(self, s: State, c: int) -> State:
-        """A keyed acquire asks the nodes for the lease committed with its tag first."""
-        s = self._send_all(s, c, ("find", (c, s.clients[c].acquires)))
-        return self._client(s, c, phase="finding", start=s.now, replies=(None,) * self.n)
-
-    def _after_find(self, s: State, c: int) -> State:
-        cl = s.clients[c]
-        if sum(_answers_find(r) for r in cl.replies) < self.q:
-            return self._client(s, c, phase="idle", pending=None)  # QuorumUnavailable
-        found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
-        if found is None:
-            return self._attempt(s, c)
-        return self._returned(s, c, found)
-
-    def _after_commit(self, s: State, c: int) -> State:
-        """Committed on a quorum: the own lease. Else a quorum naming another lease of
-        the tag: give the own lease up, return that one. Else (best effort) the own."""
-        cl = s.clients[c]
-        if sum(r == 1 for r in cl.replies) >= self.q:
-            return self._client(s, c, phase="holding", extends=0)
-        found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
-        if found is None:  # best effort under faults: a repeat may get another lease
-            s = s._replace(uncommitted=(*s.uncommitted, (c, cl.acquires)))
-            return self._client(s, c, phase="holding", extends=0)
-        return self._returned(self._abandon(s, c), c, found)
-
-    def _returned(self, s: State, c: int, found: tags.Found) -> State:
-        """The acquire returns the lease of its tag; it must be a lease its owner
-        decided, with the decided token (one lease per key)."""
-        lease, token, valid_until = found
-        decided = dict(s.decided).get(lease)  # type: ignore[arg-type]
-        if decided != token and not s.broken:
-            why = "its owner never decided" if decided is None else f"decided with {decided}"
-            s = s._replace(
-                broken=f"one lease per key: client {c} got L{lease[0]}.{lease[1]} token {token}, "
-                f"{why}"
-            )
-        return self._client(
-            s, c, phase="holding", pending=None, valid_until=valid_until, extends=0,
-            held=(lease, token),
         )  # fmt: skip
 
     def _undo(self, s: State, c: int, *, give_up: bool) -> State:
@@ -280,7 +238,7 @@ class Model:
                 return False
             return granted + held >= q or granted + held + pending < q or not pending
         if cl.phase == "finding":
-            ok = sum(_answers_find(x) for x in r)
+            ok = sum(answers_find(x) for x in r)
         elif cl.phase == "committing":
             ok = sum(x == 1 for x in r)
         else:
@@ -590,11 +548,6 @@ class Model:
                 if lock is not None and not s.now < lock[2] <= s.now + self.b.ttl:
                     return f"I3: node {n} holds {lock} beyond its ttl at t={s.now}"
         return None
-
-
-def _answers_find(reply: object) -> bool:
-    """find.lua answered: a committed lease, or none (not unsynced, quarantined, failed)."""
-    return reply == 0 or isinstance(reply, tuple)
 
 
 def _expire(node: Node, now: int) -> Node:

@@ -1,0 +1,78 @@
+"""The client side of idempotency tags (R26), mixed into ``protocol_model.Model``.
+
+A keyed acquire asks the nodes for the lease committed with its tag first
+(``_find``); once its own lease is decided it commits the tag (``_leased`` sends
+tag.lua, ``_after_commit`` reads the answers) and gives its own lease up when a
+quorum names another. ``_returned`` is every way a lease of the tag is returned,
+and checks it against what its owner decided (one lease per key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tests.model import tags
+from tests.model.state import State
+
+if TYPE_CHECKING:
+    from tests.model.state import Bounds
+
+__all__ = ["Repeats", "answers_find"]
+
+
+def answers_find(reply: object) -> bool:
+    """find.lua answered: a committed lease, or none (not unsynced, quarantined, failed)."""
+    return reply == 0 or isinstance(reply, tuple)
+
+
+class Repeats:
+    b: Bounds
+    n: int
+    q: int
+    _client: Callable[..., State]
+    _send_all: Callable[..., State]
+    _attempt: Callable[[State, int], State]
+    _abandon: Callable[[State, int], State]
+
+    def _find(self, s: State, c: int) -> State:
+        """A keyed acquire asks the nodes for the lease committed with its tag first."""
+        s = self._send_all(s, c, ("find", (c, s.clients[c].acquires)))
+        return self._client(s, c, phase="finding", start=s.now, replies=(None,) * self.n)
+
+    def _after_find(self, s: State, c: int) -> State:
+        cl = s.clients[c]
+        if sum(answers_find(r) for r in cl.replies) < self.q:
+            return self._client(s, c, phase="idle", pending=None)  # QuorumUnavailable
+        found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
+        if found is None:
+            return self._attempt(s, c)
+        return self._returned(s, c, found)
+
+    def _after_commit(self, s: State, c: int) -> State:
+        """Committed on a quorum: the own lease. Else a quorum naming another lease of
+        the tag: give the own lease up, return that one. Else (best effort) the own."""
+        cl = s.clients[c]
+        if sum(r == 1 for r in cl.replies) >= self.q:
+            return self._client(s, c, phase="holding", extends=0)
+        found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
+        if found is None:  # best effort under faults: a repeat may get another lease
+            s = s._replace(uncommitted=(*s.uncommitted, (c, cl.acquires)))
+            return self._client(s, c, phase="holding", extends=0)
+        return self._returned(self._abandon(s, c), c, found)
+
+    def _returned(self, s: State, c: int, found: tags.Found) -> State:
+        """The acquire returns the lease of its tag; it must be a lease its owner
+        decided, with the decided token (one lease per key)."""
+        lease, token, valid_until = found
+        decided = dict(s.decided).get(lease)
+        if decided != token and not s.broken:
+            why = "its owner never decided" if decided is None else f"decided with {decided}"
+            s = s._replace(
+                broken=f"one lease per key: client {c} got L{lease[0]}.{lease[1]} token {token}, "
+                f"{why}"
+            )
+        return self._client(
+            s, c, phase="holding", pending=None, valid_until=valid_until, extends=0,
+            held=(lease, token),
+        )  # fmt: skip
