@@ -214,6 +214,8 @@ class Model(Repeats):
         ok = sum(isinstance(r, int) and r > 0 for r in cl.replies)
         need = self._need(c)
         if ok >= need:
+            if cl.held is not None:  # R26: extend answers the largest token of a quorum
+                s = self._extended(s, c, max(r for r in cl.replies if isinstance(r, int)))
             return self._client(s, c, phase="holding", valid_until=cl.start + self.cut)
         if sum(r == 0 for r in cl.replies) > self.n - need:
             return self._client(s, c, phase="idle")  # LeaseLost: the holder stops
@@ -346,6 +348,9 @@ class Model(Repeats):
                 elif code > 0:
                     pending = pending.granted(n, code, sent, self.rules)  # type: ignore[arg-type]
                 return self._client(s, c, pending=pending)
+        elif kind == "acq" and mine and cl.held is not None and cl.held[0] == lease:
+            if isinstance(reply, tuple) and reply[0] > 0:  # a grant after the decision
+                return self._settle_late(s, c, n, reply[0])
         elif kind == "undo" and pending is not None:
             answer = reply if isinstance(reply, int) else None
             return self._client(s, c, pending=pending.undone(n, msg[4], answer, self.rules))  # type: ignore[arg-type]
@@ -374,6 +379,8 @@ class Model(Repeats):
         """A hand-over message reaches the waiter's process (Handovers.handed)."""
         c = lease[0]
         cl = s.clients[c]
+        if cl.held is not None and cl.held[0] == lease == (c, cl.acquires):
+            return self._settle_late(s, c, n, token)  # R16, for keyed leases only
         if cl.pending is None or lease != (c, cl.acquires):
             return s  # the acquire is over (R16, fixing the late grant's token: not modelled)
         return self._client(s, c, pending=cl.pending.handed(n, token, s.now, self.rules))

@@ -31,6 +31,7 @@ class Repeats:
     n: int
     q: int
     _client: Callable[..., State]
+    _send: Callable[..., State]
     _send_all: Callable[..., State]
     _attempt: Callable[[State, int], State]
     _abandon: Callable[[State, int], State]
@@ -76,3 +77,34 @@ class Repeats:
             s, c, phase="holding", pending=None, valid_until=valid_until, extends=0,
             held=(lease, token),
         )  # fmt: skip
+
+    def _extended(self, s: State, c: int, token: int) -> State:
+        """The token an extend of a keyed lease answers (the largest of a quorum) is the
+        one its owner decided: what a handle of the lease learns from it."""
+        held = s.clients[c].held
+        assert held is not None
+        decided = dict(s.decided).get(held[0])
+        if decided != token and not s.broken:
+            s = s._replace(
+                broken=f"one lease per key: an extend of L{held[0][0]}.{held[0][1]} answered "
+                f"token {token}, decided {decided}"
+            )
+        return s
+
+    def _settle_late(self, s: State, c: int, n: int, late: int) -> State:
+        """R16 (``cleanup.settle_late``), modelled for keyed leases only, whose extend
+        answers a token: node ``n`` granted the decided lease late with token ``late``
+        (a try's answer after the decision, or a hand-over). The decided token is
+        written into its lock value (raise_fence); a counter that ran ahead raises
+        the others' (raise_fence of no lease: the counter only)."""
+        held = s.clients[c].held
+        assert held is not None
+        lease, granted = held
+        if late == granted:
+            return s
+        s = self._send(s, c, n, ("raise", lease, granted, -1))  # -1: no round waits for it
+        if late > granted:
+            for m in range(self.n):
+                if m != n:
+                    s = self._send(s, c, m, ("raise", (-1, 0), late, -1))
+        return s
