@@ -320,7 +320,9 @@ R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     decided_token_when_round_2_missed_a_node; model: without_the_rule (R26: the
     tag stored at the grant, a repeat returns a grant its owner then gives up),
     one_lease_per_key_holds_for_repeats_through_two_gateways (find, the commit
-    after the decision, the give-up; extend's token answer is not modelled).
+    after the decision, the give-up). Open: an extend can answer the token of a
+    hand-over granted after the decision, above the decided one (model:
+    an_extend_answers_the_decided_token, xfail; tests/model/README.md).
 R27 lockservice/test_groups: placement_is_stable_and_even, names_of_a_group_
     keep_their_group_when_others_come_and_go; faults/test_groups:
     a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone
