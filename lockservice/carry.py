@@ -6,10 +6,12 @@ locked during the change still have their counters in the old group only, so
 before any gateway drops ``previous_groups`` (and with it the old group), the
 counters of every moved name are copied into its new group: ``carry_over``
 raises ``fence:{name}`` on every node of the new group to the largest value on
-the nodes of the old group. It then waits until the leases that hold a moved
-name in its old group alone (granted by a gateway of the old configuration)
-have expired, so that gateways of the new configuration, which look at the new
-group alone, can never overlap with one of them.
+the nodes of the old group. It then waits until every lease that holds a moved
+name in its old group has expired there, so that gateways of the new
+configuration, which look at the new group alone, can never overlap with one of
+them: a lease of the old configuration holds the old group alone, and one of the
+changing configuration renewed through a gateway of the old one holds it longer
+than the new group.
 
 It needs every node of the groups involved to answer: a counter missed on one
 node could let a token go backwards.
@@ -28,7 +30,7 @@ from redis.exceptions import RedisError
 from lockservice import scripts
 from lockservice.errors import LockServiceError
 from lockservice.placement import GroupSpec, owner
-from lockservice.protocol import SYNCED_KEY, fence_key, lock_key
+from lockservice.protocol import SYNCED_KEY, fence_key
 
 __all__ = ["CarryFailed", "CarryReport", "carry_over"]
 
@@ -51,7 +53,7 @@ class CarryReport:
     scanned: int  # counters read on the old groups
     moved: int  # names whose group changed
     raised: int  # counters raised on a node of a new group
-    waited: float  # seconds waited for leases held in an old group alone
+    waited: float  # seconds waited for leases of moved names in an old group
 
 
 async def carry_over(
@@ -63,7 +65,7 @@ async def carry_over(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> CarryReport:
     """Copy the counters of every moved name into its new group, then wait out the
-    leases that hold a moved name in its old group alone (at most ``max_ttl``).
+    leases that hold a moved name in its old group (at most ``max_ttl``).
 
     Raises:
         CarryFailed: a node did not answer; nothing is wrong, run it again.
@@ -100,7 +102,7 @@ async def carry_over(
         base = max([await _base(spec, clients) for spec in previous], default=0)
         for gid in current:
             await _raise_base(specs[gid], base, clients)
-        wait = await _old_only_leases(moved, old_of, specs, clients)
+        wait = await _old_group_leases(old_of, specs, clients)
         wait = min(wait, max_ttl)
         if wait > 0:
             log.info("waiting %.3f s for leases of the old groups to expire", wait)
@@ -182,15 +184,13 @@ async def _raise_base(spec: GroupSpec, base: int, clients: dict[str, aioredis.Re
             await pipe.execute()  # WatchError: the marker changed meanwhile, run it again
 
 
-async def _old_only_leases(
-    moved: dict[str, dict[str, int]],
-    old_of: dict[str, str],
-    specs: dict[str, GroupSpec],
-    clients: dict[str, aioredis.Redis],
+async def _old_group_leases(
+    old_of: dict[str, str], specs: dict[str, GroupSpec], clients: dict[str, aioredis.Redis]
 ) -> float:
-    """Seconds until every lease that holds a moved name in its old group and not in
-    its new one expired (a lease of a gateway of the changing configuration holds both)."""
-    new_of = {name: gid for gid, names in moved.items() for name in names}
+    """Seconds until every lease that holds a moved name in its old group expired there,
+    whether or not its new group holds it too: a lease of the changing configuration
+    renewed through a gateway of the old one was extended in the old group alone, and
+    outlives its grant in the new group (the groups model's finding, R30)."""
     longest = 0.0
     for gid in dict.fromkeys(old_of.values()):
         for url in specs[gid].urls:
@@ -199,21 +199,10 @@ async def _old_only_leases(
                 name = _text(key)[len("lock:{") : -1]
                 if old_of.get(name) != gid:
                     continue
-                pipe = client.pipeline(transaction=False)
-                pipe.get(key)
-                pipe.pttl(key)
-                value, pttl = await pipe.execute()
-                if value is None or pttl <= 0:
-                    continue
-                lease_id = _text(value).partition(":")[0]
-                if lease_id not in await _holders(specs[new_of[name]], name, clients):
+                pttl = await client.pttl(key)  # a group of holders: its last member's
+                if pttl > 0:
                     longest = max(longest, pttl / 1000)
     return longest
-
-
-async def _holders(spec: GroupSpec, name: str, clients: dict[str, aioredis.Redis]) -> set[str]:
-    values = await asyncio.gather(*(clients[u].get(lock_key(name)) for u in spec.urls))
-    return {_text(v).partition(":")[0] for v in values if v is not None}
 
 
 def _text(value: bytes | str) -> str:

@@ -280,15 +280,17 @@ async def test_without_the_carry_over_tokens_go_backwards(
 async def test_carry_over_waits_for_leases_of_the_old_configuration(
     groups: dict[str, GroupSpec], managers: Managers
 ) -> None:
-    """A lease of a moved name held in the old group alone is waited out; one held by a
-    changing gateway (in both groups) is not; the moved counters are copied."""
+    """Every lease of a moved name held in the old group is waited out, the longest
+    decides: here one held in the old group alone (1.5 s) and a changing gateway's in
+    both groups (1 s), which a renew through an old gateway could have extended in the
+    old group alone (the next test); the moved counters are copied."""
     a, b = groups["a"], groups["b"]
     moved = [n for n in NAMES if owner(n, ["a", "b"]) == "b"]
     before = await managers.make([a])
     old_lease = await before.acquire(moved[0], ttl=1.5)
     granted = asyncio.get_running_loop().time()
     changing = await managers.make([a, b], previous=[a])
-    both = await changing.acquire(moved[1], ttl=MAX_TTL)
+    both = await changing.acquire(moved[1], ttl=1.0)
     waits: list[float] = []
 
     async def sleep(seconds: float) -> None:
@@ -476,3 +478,47 @@ async def test_lock_kinds_of_a_moved_name_hold_in_both_groups(
     first = await changing.acquire(other, ttl=MAX_TTL, idempotency_key="k-1")
     again = await changing.acquire(other, ttl=MAX_TTL, idempotency_key="k-1")
     assert (again.lease_id, again.token) == (first.lease_id, first.token)
+
+
+async def test_a_lease_renewed_through_an_old_gateway_is_waited_out_by_the_carry_over(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """R30 (the groups model's finding): a changing gateway's lease renewed through a
+    gateway of the old configuration is extended in the old group alone, so it holds
+    the old group longer than the new one. The carry-over waits it out; had it skipped
+    the leases the new group holds, a gateway of the new configuration would take the
+    name as soon as the new group's grant expired, while the lease is still valid."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await managers.make([a])
+    changing = await managers.make([a, b], previous=[a])
+    lease = await changing.acquire(name, ttl=0.3)
+    renewed = await before.extend(lease, ttl=MAX_TTL)  # the old group alone
+    await managers.close(before)
+    await carry_over([a, b], [a], max_ttl=MAX_TTL)
+    after = await managers.make([a, b])
+    other = await after.acquire(name, ttl=TTL, wait=MAX_TTL)
+    assert renewed.remaining() <= 0, "two valid leases of one name"
+    assert other.token > renewed.token
+
+
+async def test_the_carry_over_waits_out_shared_leases_of_the_old_configuration(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """R30 for a group of holders: a shared lease of the old configuration (old group
+    alone) beside a changing gateway's shared lease (both groups) is waited out, though
+    both groups' lock:{name} read "=shared 0" (not a lease id to compare)."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await managers.make([a])
+    changing = await managers.make([a, b], previous=[a])
+    old_reader = await before.acquire(name, ttl=MAX_TTL, mode="shared")
+    new_reader = await changing.acquire(name, ttl=0.3, mode="shared")
+    await managers.close(before)
+    await carry_over([a, b], [a], max_ttl=MAX_TTL)
+    with contextlib.suppress(LeaseLost):  # expired while the carry-over waited
+        await changing.release(new_reader)
+    after = await managers.make([a, b])
+    writer = await after.acquire(name, ttl=TTL, wait=MAX_TTL)
+    assert old_reader.remaining() <= 0, "an exclusive lease beside a valid shared one"
+    assert writer.token > old_reader.token
