@@ -1,4 +1,4 @@
-"""``fencegate groups carry``: finish a change of Redlock groups (protocol R25).
+"""``fencegate groups carry``: finish a change of Redlock groups (protocol R30).
 
 ::
 
@@ -7,9 +7,10 @@
 ``F`` has the new ``[locks] groups`` (or ``redis``) and the old ones as
 ``previous_groups``. Run it once every gateway runs with that config (none
 with the old one is left): it copies the counters of every moved lock name
-into its new group and waits until leases of the old configuration expired.
-Then gateways may drop ``previous_groups``. Exit status: 0 done, 1 refused
-(bad config, no ``previous_groups``), 3 a node did not answer (run it again).
+into its new group and waits until the leases holding a moved name in its old
+group expired there. Then gateways may drop ``previous_groups``. Exit status:
+0 done, 1 refused (bad config, no ``previous_groups``), 3 a node did not answer
+(run it again).
 """
 
 from __future__ import annotations

@@ -215,10 +215,13 @@ R30 Carry-over, after the last gateway of the old configuration stopped and
     raised on *every* node of its new group to the largest value on *every*
     node of its old group (``resync.lua``), and the token base of every synced
     node of the new groups to the largest base of the old groups (a counter
-    lost with a majority's data is below it, R18); then leases that hold a
-    moved name in the old group and not in the new one are waited out (at
-    most ``max_ttl``). After it, each new counter is above every token the old
-    group issued for the name, and no lease of the old configuration is valid
+    lost with a majority's data is below it, R18); then every lease that holds
+    a moved name in the old group is waited out there (at most ``max_ttl``),
+    the new group holding it too or not: a changing gateway's lease renewed
+    through a gateway of the old configuration was extended in the old group
+    alone and outlives its new group's grant (the groups model found it). After
+    it, each new counter is above every token the old group issued for the
+    name, and no lease valid through the old group alone is left
     (``carry.carry_over``).                                             [I2, I1]
 R31 A lease of a moved name is extended only while both groups hold it: a
     ``LeaseLost`` from either is a ``LeaseLost``, so it never lives on in one
@@ -242,8 +245,11 @@ out). ``tests/model`` mirrors the scripts (``node_scripts.py``), ``Pending``
 README has the table rule -> model step -> counterexample. Rules whose switch
 gives a counterexample in the test suite: R3, R5, R12, R17, R19, R21, R22, R23,
 R26, R32 (R10, R18 with FENCEGATE_MODEL_DEEP=1); R4, R11, R13, R14 are modelled, but no
-counterexample was found within the bounds searched. R27-R31 (Redlock groups)
-are not in the model: their counterexamples are tests on real nodes.
+counterexample was found within the bounds searched. R28-R31 (Redlock groups)
+are in a model of their own (``tests/model/groups_model.py``: each group one
+virtual node, gateways of the old, change and new configurations, the
+carry-over): each has a switch that gives a counterexample in the test suite;
+R27 (placement) is not modelled. Tests on real nodes show them too.
 
 R1  lockservice/test_scripts: acquire_grants_and_issues_token_above_base
 R2  test_scripts: acquire_counts_up_and_never_below_an_existing_counter,
@@ -328,12 +334,20 @@ R27 lockservice/test_groups: placement_is_stable_and_even, names_of_a_group_
     a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone
 R28 lockservice/test_groups: a_change_never_grants_a_name_to_two_gateways,
     a_changing_gateway_waits_for_a_moved_name_in_either_group; counterexample
-    without it: without_the_old_group_a_change_grants_a_name_twice
-R29 test_groups: a_changing_gateways_token_is_raised_in_both_groups
+    without it: without_the_old_group_a_change_grants_a_name_twice; model/
+    test_groups_model: without_the_rule_an_invariant_breaks[R28] (I1)
+R29 test_groups: a_changing_gateways_token_is_raised_in_both_groups; model/
+    test_groups_model: without_the_rule_..._breaks[R29] (I2)
 R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
-    without the copy), carry_over_waits_for_leases_of_the_old_configuration;
-    counterexample without it: without_the_carry_over_tokens_go_backwards
-R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost
+    without the copy), carry_over_waits_for_leases_of_the_old_configuration,
+    a_lease_renewed_through_an_old_gateway_is_waited_out_by_the_carry_over,
+    the_carry_over_waits_out_shared_leases_of_the_old_configuration (both fail
+    when leases the new group holds are skipped); counterexample without it:
+    without_the_carry_over_tokens_go_backwards; model/test_groups_model:
+    without_the_rule_..._breaks[R30copy] (I2), [R30wait] (I1), a_lease_renewed_
+    through_an_old_gateway_outlives_its_grant_in_the_new_group (I1)
+R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost; model/
+    test_groups_model: without_the_rule_..._breaks[R31] (I1)
 R32 faults/test_semaphore_every_node: a_semaphore_never_has_more_valid_leases_
     than_permits_over_majorities, a_semaphore_extend_that_misses_a_node_does_not_
     extend; faults/test_kinds_faults: with_a_node_killed_semaphores_stop_and_
