@@ -30,6 +30,7 @@ from lockservice.waiters import Waiters
 
 __all__ = ["Groups"]
 
+_AGAIN = 0.01  # seconds: a try that found a moved name's tagged lease in one group alone
 _tried: ContextVar[tuple[Redlock, ...]] = ContextVar("fencegate_groups_tried", default=())
 
 
@@ -123,13 +124,19 @@ class Groups:
             other = await new.find(name, tag)
             if other is not None and other.lease_id == first.lease_id:
                 return _both(first, other)
-            return first
+            old.abandon(name, lease_id)  # R31: not a lease in one group alone; again
+            return Attempt(0, 0.0, _AGAIN)
         if not first.token:
             return first
         second = await new.try_acquire(
             name, lease_id, ttl, ticket, mode=mode, permits=permits, tag=tag
         )
-        if not second.token or (second.lease_id and second.lease_id != lease_id):
+        if second.lease_id and second.lease_id != lease_id:  # R26 in the new group alone
+            other = await old.find(name, tag)
+            if other is not None and other.lease_id == second.lease_id:
+                return _both(other, second)
+            return Attempt(0, 0.0, _AGAIN)  # the old group's grant is kept (R28)
+        if not second.token:
             return second
         token = max(first.token, second.token)
         # R29: both counters at least the token before the lease exists.
@@ -142,11 +149,14 @@ class Groups:
         return Attempt(token, valid_until, 0.0)
 
     async def find(self, name: str, tag: str) -> Attempt | None:
+        """R26, R31: a moved name's lease answers only when both groups name it."""
         found = await asyncio.gather(*(g.find(name, tag) for g in self.route(name)))
-        a, b = found[0], found[-1]
-        if len(found) == 2 and a is not None and b is not None and a.lease_id == b.lease_id:
+        if len(found) == 1:
+            return found[0]
+        a, b = found
+        if a is not None and b is not None and a.lease_id == b.lease_id:
             return _both(a, b)
-        return next((f for f in found if f is not None), None)
+        return None
 
     async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
         """R26 in every group the name is routed to (the lease holds each, R28); the
@@ -188,10 +198,9 @@ class Groups:
     async def extend(
         self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
     ) -> tuple[float, int]:
-        # R31: a lease of a moved name holds both groups, or it is lost.
-        done = await asyncio.gather(
-            *(g.extend(name, lease_id, ttl, mode=mode) for g in self.route(name))
-        )
+        # R31: a lease of a moved name holds both groups, or it is lost: the old group
+        # first, the new one only once the old one extended it.
+        done = [await g.extend(name, lease_id, ttl, mode=mode) for g in self.route(name)]
         return min(v for v, _ in done), max(t for _, t in done)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:

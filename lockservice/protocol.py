@@ -223,10 +223,12 @@ R30 Carry-over, after the last gateway of the old configuration stopped and
     it, each new counter is above every token the old group issued for the
     name, and no lease valid through the old group alone is left
     (``carry.carry_over``).                                             [I2, I1]
-R31 A lease of a moved name is extended only while both groups hold it: a
+R31 A lease of a moved name is extended only while both groups hold it: the old
+    group first, the new one only once the old one extended it, and a
     ``LeaseLost`` from either is a ``LeaseLost``, so it never lives on in one
-    group after it ended in the other. A release goes to both
-    (``Groups.extend``, ``Groups.release``).                            [I1, I4]
+    group after it ended in the other. Likewise a repeat (R26) answers it only
+    when both groups name it committed. A release goes to both
+    (``Groups.extend``, ``Groups.find``, ``Groups.release``).           [I1, I4]
 
 R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
     hand-over (``Pending.need``), round 2 and an extend count N nodes; fewer is
@@ -346,7 +348,9 @@ R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     without_the_carry_over_tokens_go_backwards; model/test_groups_model:
     without_the_rule_..._breaks[R30copy] (I2), [R30wait] (I1), a_lease_renewed_
     through_an_old_gateway_outlives_its_grant_in_the_new_group (I1)
-R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost; model/
+R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost,
+    a_moved_lease_is_extended_in_its_new_group_only_after_its_old_one,
+    a_repeat_never_answers_a_moved_lease_one_group_lost; model/
     test_groups_model: without_the_rule_..._breaks[R31] (I1)
 R32 faults/test_semaphore_every_node: a_semaphore_never_has_more_valid_leases_
     than_permits_over_majorities, a_semaphore_extend_that_misses_a_node_does_not_

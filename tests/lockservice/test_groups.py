@@ -18,8 +18,9 @@ from gateway.cli import main
 from lockservice import LeaseLost, LockHeld, LockManager
 from lockservice.carry import carry_over
 from lockservice.groups import Groups
+from lockservice.lease import idempotency_tag
 from lockservice.placement import GroupSpec, derived_id, owner
-from lockservice.protocol import fence_key, lock_key
+from lockservice.protocol import fence_key, holder_keys, lock_key
 from tests._servers import RedisNode
 
 NAMES = [f"grp/{i}" for i in range(24)]
@@ -522,3 +523,52 @@ async def test_the_carry_over_waits_out_shared_leases_of_the_old_configuration(
     writer = await after.acquire(name, ttl=TTL, wait=MAX_TTL)
     assert old_reader.remaining() <= 0, "an exclusive lease beside a valid shared one"
     assert writer.token > old_reader.token
+
+
+async def _drop(spec: GroupSpec, name: str) -> None:
+    """The name's hold gone in one group (as when it expired there)."""
+    for url in spec.urls:
+        client = aioredis.from_url(url)
+        await client.delete(lock_key(name), *holder_keys(name))
+        await client.aclose()
+
+
+@pytest.mark.parametrize("lost", ["a", "b"])
+async def test_a_repeat_never_answers_a_moved_lease_one_group_lost(
+    groups: dict[str, GroupSpec], managers: Managers, lost: str
+) -> None:
+    """R31, R26: a moved name's tagged lease that one group no longer holds is no lease:
+    neither the repeat's look-up nor its try answers it."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    changing = await managers.make([a, b], previous=[a])
+    lease = await changing.acquire(name, ttl=MAX_TTL, idempotency_key="K")
+    await _drop(groups[lost], name)
+    tag = idempotency_tag("K", "exclusive", 0)
+    backend = changing.backend
+    assert isinstance(backend, Groups)
+    assert await backend.find(name, tag) is None
+    attempt = await backend.try_acquire(name, "f" * 32, TTL, "", tag=tag)
+    assert attempt.lease_id != lease.lease_id
+    backend.abandon(name, "f" * 32)
+    if lost == "a":  # an old-config gateway takes the name: the repeat waits for it
+        before = await managers.make([a])
+        await before.acquire(name, ttl=TTL)
+        with pytest.raises(LockHeld):
+            await changing.acquire(name, ttl=TTL, idempotency_key="K")
+
+
+async def test_a_moved_lease_is_extended_in_its_new_group_only_after_its_old_one(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """R31: an extend the old group refuses does not stretch the new group's grant."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    changing = await managers.make([a, b], previous=[a])
+    lease = await changing.acquire(name, ttl=TTL)
+    await _drop(a, name)
+    with pytest.raises(LeaseLost):
+        await changing.extend(lease, ttl=MAX_TTL)
+    client = aioredis.from_url(b.urls[0])
+    assert 0 < await client.pttl(lock_key(name)) <= TTL * 1000
+    await client.aclose()
