@@ -159,15 +159,20 @@ class Groups:
         return None
 
     async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
-        """R26 in every group the name is routed to (the lease holds each, R28); the
-        other lease of the tag as ``find`` would answer it."""
-        found = await asyncio.gather(
-            *(g.commit(name, lease_id, token, tag) for g in self.route(name))
-        )
-        a, b = found[0], found[-1]
-        if len(found) == 2 and a is not None and b is not None and a.lease_id == b.lease_id:
-            return _both(a, b)
-        return next((f for f in found if f is not None), None)
+        """R26 in route order: the old group decides. The new group is asked only once
+        the old one took the tag; the other lease of the tag is trusted from the old
+        group (completed by the new one's answer) and never from the new one alone."""
+        route = self.route(name)
+        first = await route[0].commit(name, lease_id, token, tag)
+        if len(route) == 1:
+            return first
+        if first is not None:  # another lease committed the tag first in the old group
+            other = await route[1].find(name, tag)
+            if other is not None and other.lease_id == first.lease_id:
+                return _both(first, other)
+            return first
+        await route[1].commit(name, lease_id, token, tag)  # its Tagged answer decides nothing
+        return None
 
     async def _raise(self, group: Redlock, name: str, lease_id: str, token: int, mode: str) -> None:
         """Raise ``fence:{name}`` to ``token`` on a quorum of ``group`` (every node of it

@@ -227,8 +227,11 @@ R31 A lease of a moved name is extended only while both groups hold it: the old
     group first, the new one only once the old one extended it, and a
     ``LeaseLost`` from either is a ``LeaseLost``, so it never lives on in one
     group after it ended in the other. Likewise a repeat (R26) answers it only
-    when both groups name it committed. A release goes to both
-    (``Groups.extend``, ``Groups.find``, ``Groups.release``).           [I1, I4]
+    when both groups name it committed, and a commit goes in route order: the
+    old group decides (another lease it names is the answer), the new group is
+    asked only once the old one took the tag, and its answer decides nothing
+    (commits that cross between two gateways end with one lease). A release
+    goes to both (``Groups.extend``, ``find``, ``commit``, ``release``).  [I1, I4]
 
 R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
     hand-over (``Pending.need``), round 2 and an extend count N nodes; fewer is
@@ -350,8 +353,9 @@ R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     through_an_old_gateway_outlives_its_grant_in_the_new_group (I1)
 R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost,
     a_moved_lease_is_extended_in_its_new_group_only_after_its_old_one,
-    a_repeat_never_answers_a_moved_lease_one_group_lost; model/
-    test_groups_model: without_the_rule_..._breaks[R31] (I1)
+    a_repeat_never_answers_a_moved_lease_one_group_lost, crossed_commits_of_one_
+    key_end_with_one_held_lease; model/test_groups_model: without_the_rule_..._
+    breaks[R31] (I1)
 R32 faults/test_semaphore_every_node: a_semaphore_never_has_more_valid_leases_
     than_permits_over_majorities, a_semaphore_extend_that_misses_a_node_does_not_
     extend; faults/test_kinds_faults: with_a_node_killed_semaphores_stop_and_

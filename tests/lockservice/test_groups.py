@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from gateway.cli import main
 from lockservice import LeaseLost, LockHeld, LockManager
+from lockservice.backend import Attempt
 from lockservice.carry import carry_over
 from lockservice.groups import Groups
 from lockservice.lease import idempotency_tag
@@ -572,3 +573,41 @@ async def test_a_moved_lease_is_extended_in_its_new_group_only_after_its_old_one
     client = aioredis.from_url(b.urls[0])
     assert 0 < await client.pttl(lock_key(name)) <= TTL * 1000
     await client.aclose()
+
+
+def _slow_commit(mgr: LockManager, gid: str, delay: float) -> None:
+    """This gateway's commits reach group ``gid`` ``delay`` seconds late."""
+    backend = mgr.backend
+    assert isinstance(backend, Groups)
+    group = backend.groups[gid]
+    real = group.commit
+
+    async def slow(name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
+        await asyncio.sleep(delay)
+        return await real(name, lease_id, token, tag)
+
+    group.commit = slow  # type: ignore[method-assign]
+
+
+async def test_crossed_commits_of_one_key_end_with_one_held_lease(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """R26 with R28: two shared acquires with one key through two changing gateways,
+    whose commits cross (one reaches the old group first, the other the new group):
+    both are answered with one lease that is held, and an exclusive acquire waits."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    one = await managers.make([a, b], previous=[a])
+    two = await managers.make([a, b], previous=[a])
+    _slow_commit(one, "b", 0.2)
+    _slow_commit(two, "a", 0.2)
+    got = await asyncio.gather(
+        one.acquire(name, ttl=MAX_TTL, mode="shared", idempotency_key="K"),
+        two.acquire(name, ttl=MAX_TTL, mode="shared", idempotency_key="K"),
+    )
+    assert got[0].lease_id == got[1].lease_id
+    await asyncio.sleep(0.1)  # the lease given up is released meanwhile
+    for mgr, lease in zip((one, two), got, strict=True):
+        await mgr.extend(lease, ttl=MAX_TTL)  # held in both groups: no LeaseLost
+    with pytest.raises(LockHeld):
+        await two.acquire(name, ttl=TTL)
