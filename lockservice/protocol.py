@@ -345,6 +345,7 @@ R29 test_groups: a_changing_gateways_token_is_raised_in_both_groups; model/
     test_groups_model: without_the_rule_..._breaks[R29] (I2)
 R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     without the copy), carry_over_waits_for_leases_of_the_old_configuration,
+    carry_over_waits_for_every_lease_of_a_moved_name_in_its_old_group,
     a_lease_renewed_through_an_old_gateway_is_waited_out_by_the_carry_over,
     the_carry_over_waits_out_shared_leases_of_the_old_configuration (both fail
     when leases the new group holds are skipped); counterexample without it:

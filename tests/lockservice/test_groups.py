@@ -611,3 +611,33 @@ async def test_crossed_commits_of_one_key_end_with_one_held_lease(
         await mgr.extend(lease, ttl=MAX_TTL)  # held in both groups: no LeaseLost
     with pytest.raises(LockHeld):
         await two.acquire(name, ttl=TTL)
+
+
+@pytest.mark.parametrize("case", ["shared", "semaphore", "extended_by_old"])
+async def test_carry_over_waits_for_every_lease_of_a_moved_name_in_its_old_group(
+    groups: dict[str, GroupSpec], managers: Managers, case: str
+) -> None:
+    """R30: a shared or semaphore lease of the old configuration (old group alone) is
+    waited out though a changing gateway's lease of the same kind holds both groups (one
+    holder group each); and a changing gateway's lease extended through a gateway of the
+    old configuration (in the old group alone) is waited out too."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await managers.make([a])
+    changing = await managers.make([a, b], previous=[a])
+    if case == "shared":
+        held = await before.acquire(name, ttl=1.5, mode="shared")
+        await changing.acquire(name, ttl=0.5, mode="shared")
+    elif case == "semaphore":
+        held = await before.acquire_semaphore(name, 2, ttl=1.5)
+        await changing.acquire_semaphore(name, 2, ttl=0.5)
+    else:
+        held = await before.extend(await changing.acquire(name, ttl=0.5), ttl=1.5)
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    await carry_over([a, b], [a], max_ttl=MAX_TTL, sleep=sleep)
+    assert len(waits) == 1
+    assert waits[0] >= held.remaining()
