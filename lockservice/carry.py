@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from lockservice import scripts
 from lockservice.errors import LockServiceError
 from lockservice.placement import GroupSpec, owner
-from lockservice.protocol import SYNCED_KEY, fence_key
+from lockservice.protocol import MAX_TTL_KEY, SYNCED_KEY, fence_key
 
 __all__ = ["CarryFailed", "CarryReport", "carry_over"]
 
@@ -65,7 +65,8 @@ async def carry_over(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> CarryReport:
     """Copy the counters of every moved name into its new group, then wait out the
-    leases that hold a moved name in its old group (at most ``max_ttl``).
+    leases that hold a moved name in its old group (at most the largest ``max_ttl``
+    any gateway recorded on the old nodes, R19, or ``max_ttl`` when larger).
 
     Raises:
         CarryFailed: a node did not answer; nothing is wrong, run it again.
@@ -103,7 +104,7 @@ async def carry_over(
         for gid in current:
             await _raise_base(specs[gid], base, clients)
         wait = await _old_group_leases(old_of, specs, clients)
-        wait = min(wait, max_ttl)
+        wait = min(wait, await _longest_max_ttl(previous, clients, max_ttl))
         if wait > 0:
             log.info("waiting %.3f s for leases of the old groups to expire", wait)
             await sleep(wait)
@@ -182,6 +183,16 @@ async def _raise_base(spec: GroupSpec, base: int, clients: dict[str, aioredis.Re
             pipe.multi()  # type: ignore[no-untyped-call]
             pipe.set(SYNCED_KEY, f"{base} {run_id}")
             await pipe.execute()  # WatchError: the marker changed meanwhile, run it again
+
+
+async def _longest_max_ttl(
+    specs: Sequence[GroupSpec], clients: dict[str, aioredis.Redis], own: float
+) -> float:
+    """The largest max_ttl any gateway recorded on the nodes of ``specs`` (R19), or ours:
+    a gateway of the old configuration may have granted that long a lease."""
+    recorded = await asyncio.gather(*(clients[u].get(MAX_TTL_KEY) for s in specs for u in s.urls))
+    longest = [int(_text(r)) / 1000 for r in recorded if r is not None and _text(r).isdigit()]
+    return max([own, *longest])
 
 
 async def _old_group_leases(

@@ -216,13 +216,14 @@ R30 Carry-over, after the last gateway of the old configuration stopped and
     node of its old group (``resync.lua``), and the token base of every synced
     node of the new groups to the largest base of the old groups (a counter
     lost with a majority's data is below it, R18); then every lease that holds
-    a moved name in the old group is waited out there (at most ``max_ttl``),
-    the new group holding it too or not: a changing gateway's lease renewed
-    through a gateway of the old configuration was extended in the old group
-    alone and outlives its new group's grant (the groups model found it). After
-    it, each new counter is above every token the old group issued for the
-    name, and no lease valid through the old group alone is left
-    (``carry.carry_over``).                                             [I2, I1]
+    a moved name in the old group is waited out there (at most the largest
+    ``max_ttl`` any gateway recorded on the old nodes, R19), the new group
+    holding it too or not: a changing gateway's lease renewed through a gateway
+    of the old configuration was extended in the old group alone and outlives
+    its new group's grant (the groups model found it); a holder group's pttl is
+    its last member's. After it, each new counter is above every token the old
+    group issued for the name, and no lease valid through the old group alone
+    is left (``carry.carry_over``).                                     [I2, I1]
 R31 A lease of a moved name is extended only while both groups hold it: the old
     group first, the new one only once the old one extended it, and a
     ``LeaseLost`` from either is a ``LeaseLost``, so it never lives on in one
@@ -346,6 +347,7 @@ R29 test_groups: a_changing_gateways_token_is_raised_in_both_groups; model/
 R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     without the copy), carry_over_waits_for_leases_of_the_old_configuration,
     carry_over_waits_for_every_lease_of_a_moved_name_in_its_old_group,
+    carry_over_waits_as_long_as_any_gateway_may_grant,
     a_lease_renewed_through_an_old_gateway_is_waited_out_by_the_carry_over,
     the_carry_over_waits_out_shared_leases_of_the_old_configuration (both fail
     when leases the new group holds are skipped); counterexample without it:

@@ -641,3 +641,26 @@ async def test_carry_over_waits_for_every_lease_of_a_moved_name_in_its_old_group
     await carry_over([a, b], [a], max_ttl=MAX_TTL, sleep=sleep)
     assert len(waits) == 1
     assert waits[0] >= held.remaining()
+
+
+async def test_carry_over_waits_as_long_as_any_gateway_may_grant(
+    groups: dict[str, GroupSpec], managers: Managers
+) -> None:
+    """R30 with R19: a gateway of the old configuration with a longer max_ttl than the
+    carry's config granted a longer lease; the carry waits for it, not for its own
+    max_ttl alone (the nodes record the largest max_ttl of any gateway)."""
+    a, b = groups["a"], groups["b"]
+    name = next(n for n in NAMES if owner(n, ["a", "b"]) == "b")
+    before = await LockManager.connect(groups=[a], max_ttl=4 * MAX_TTL)
+    try:
+        held = await before.acquire(name, ttl=2 * MAX_TTL)
+    finally:
+        await before.close()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    await carry_over([a, b], [a], max_ttl=MAX_TTL, sleep=sleep)
+    assert waits
+    assert waits[0] >= held.remaining() > MAX_TTL
