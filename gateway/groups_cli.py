@@ -10,7 +10,7 @@ with the old one is left): it copies the counters of every moved lock name
 into its new group and waits until the leases holding a moved name in its old
 group expired there. Then gateways may drop ``previous_groups``. Exit status:
 0 done, 1 refused (bad config, no ``previous_groups``), 3 a node did not answer
-(run it again).
+or is not synced in its current run, "resync pending" (run it again).
 """
 
 from __future__ import annotations

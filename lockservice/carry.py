@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -29,10 +29,11 @@ from redis.exceptions import RedisError
 
 from lockservice import scripts
 from lockservice.errors import LockServiceError
+from lockservice.node import parse_node_url
 from lockservice.placement import GroupSpec, owner
-from lockservice.protocol import MAX_TTL_KEY, SYNCED_KEY, fence_key
+from lockservice.protocol import MAX_TTL_KEY, RECOPY_KEY, SYNCED_KEY, fence_key
 
-__all__ = ["CarryFailed", "CarryReport", "carry_over"]
+__all__ = ["CarryFailed", "CarryReport", "ResyncPending", "carry_over"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,19 @@ class CarryFailed(LockServiceError):
     """A node of a group being carried over could not be read or written."""
 
     code = "carry_failed"
+
+
+class ResyncPending(CarryFailed):
+    """A node is not synced in its current run of the server, or waits for its second
+    copy (R17, R21): its counters and base may be missing what it granted before."""
+
+    code = "resync_pending"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}: its counters may be lost; a gateway connected to it resyncs it "
+            "(the change config's gateways do), then run it again"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +82,11 @@ async def carry_over(
     leases that hold a moved name in its old group (at most the largest ``max_ttl``
     any gateway recorded on the old nodes, R19, or ``max_ttl`` when larger).
 
+    Refuses to read or write anything unless every node of the groups is synced in
+    its current run (an empty restarted node would copy nothing, R17).
+
     Raises:
+        ResyncPending: a node is not synced yet; run it again once it is.
         CarryFailed: a node did not answer; nothing is wrong, run it again.
     """
     current = [g.id for g in groups]
@@ -82,6 +100,7 @@ async def carry_over(
         for url in spec.urls
     }
     try:
+        runs = await _synced_runs(specs.values(), clients)
         scanned = 0
         moved: dict[str, dict[str, int]] = {}  # new group -> name -> counter
         old_of: dict[str, str] = {}
@@ -103,6 +122,8 @@ async def carry_over(
         base = max([await _base(spec, clients) for spec in previous], default=0)
         for gid in current:
             await _raise_base(specs[gid], base, clients)
+        if await _synced_runs(specs.values(), clients) != runs:  # a restart meanwhile
+            raise ResyncPending("a node restarted during the carry-over (resync pending)")
         wait = await _old_group_leases(old_of, specs, clients)
         wait = min(wait, await _longest_max_ttl(previous, clients, max_ttl))
         if wait > 0:
@@ -114,6 +135,25 @@ async def carry_over(
         raise CarryFailed(f"carry-over stopped, run it again: {exc}") from exc
     finally:
         await asyncio.gather(*(c.aclose() for c in clients.values()))
+
+
+async def _synced_runs(
+    specs: Iterable[GroupSpec], clients: dict[str, aioredis.Redis]
+) -> dict[str, str]:
+    """Each node's run id, once every node of ``specs`` is synced for its current run of
+    the server and waits for no second copy (R17, R21); else ``ResyncPending``."""
+    runs: dict[str, str] = {}
+    for spec in specs:
+        for url in spec.urls:
+            client = clients[url]
+            info = await client.info("server")
+            marker, recopy = await client.get(SYNCED_KEY), await client.exists(RECOPY_KEY)
+            run_id = str(info.get("run_id", ""))
+            if marker is None or _text(marker).partition(" ")[2] != run_id or recopy:
+                label = parse_node_url(url).label
+                raise ResyncPending(f"node {label} of group {spec.id!r}: resync pending")
+            runs[url] = run_id
+    return runs
 
 
 async def _counters(spec: GroupSpec, clients: dict[str, aioredis.Redis]) -> dict[str, int]:

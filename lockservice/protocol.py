@@ -211,7 +211,10 @@ R29 Such a lease's token is the larger of its two grants' tokens, and the
     exists: every later grant in either group is above it
     (``Groups.try_acquire``).                                               [I2]
 R30 Carry-over, after the last gateway of the old configuration stopped and
-    before the first drops ``previous_groups``: every moved name's counter is
+    before the first drops ``previous_groups``, only while every node of the old
+    and new groups is synced in its current run with no second copy due (R17,
+    R21; an empty restarted node would copy nothing; checked before and after
+    the copy, else it refuses: resync pending): every moved name's counter is
     raised on *every* node of its new group to the largest value on *every*
     node of its old group (``resync.lua``), and the token base of every synced
     node of the new groups to the largest base of the old groups (a counter
@@ -347,7 +350,8 @@ R29 test_groups: a_changing_gateways_token_is_raised_in_both_groups; model/
 R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     without the copy), carry_over_waits_for_leases_of_the_old_configuration,
     carry_over_waits_for_every_lease_of_a_moved_name_in_its_old_group,
-    carry_over_waits_as_long_as_any_gateway_may_grant,
+    carry_over_waits_as_long_as_any_gateway_may_grant, carry_over_refuses_a_
+    node_not_synced_in_its_run,
     a_lease_renewed_through_an_old_gateway_is_waited_out_by_the_carry_over,
     the_carry_over_waits_out_shared_leases_of_the_old_configuration (both fail
     when leases the new group holds are skipped); counterexample without it:

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from gateway.cli import main
 from lockservice import LeaseLost, LockHeld, LockManager
 from lockservice.backend import Attempt
-from lockservice.carry import carry_over
+from lockservice.carry import CarryFailed, carry_over
 from lockservice.groups import Groups
 from lockservice.lease import idempotency_tag
 from lockservice.placement import GroupSpec, derived_id, owner
@@ -664,3 +664,28 @@ async def test_carry_over_waits_as_long_as_any_gateway_may_grant(
     await carry_over([a, b], [a], max_ttl=MAX_TTL, sleep=sleep)
     assert waits
     assert waits[0] >= held.remaining() > MAX_TTL
+
+
+async def test_carry_over_refuses_a_node_not_synced_in_its_run(
+    groups: dict[str, GroupSpec], managers: Managers, redis_pool: list[RedisNode]
+) -> None:
+    """R30 with R17: group b is removed (its names move to c, whose counters are behind).
+    b's node restarts empty before any gateway resynced it: the carry must not read it
+    (it would copy nothing and c would issue lower tokens); it refuses, exit 3, until a
+    gateway resynced the node, and then carries."""
+    b, c = groups["b"], groups["c"]
+    name = next(n for n in NAMES if owner(n, ["b", "c"]) == "b")
+    before = await managers.make([b, c])
+    for _ in range(3):
+        last = await before.acquire(name, ttl=TTL)
+        await before.release(last)
+    await managers.close(before)
+    redis_pool[3].restart(lose_data=True)  # group b's node
+    with pytest.raises(CarryFailed, match="resync pending"):
+        await carry_over([c], [b, c], max_ttl=MAX_TTL)
+    changing = await managers.make([c], previous=[b, c])  # resyncs b's node
+    await carry_over([c], [b, c], max_ttl=MAX_TTL)
+    await managers.close(changing)
+    after = await managers.make([c])
+    lease = await after.acquire(name, ttl=TTL)
+    assert lease.token > last.token
