@@ -323,16 +323,18 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
 def _workers(
     r: Reader, raw: Mapping[str, Any], locks: LocksConfig, listens: tuple[Address | None, ...]
 ) -> int:
-    """``workers``: 1 by default, 0 for one per core; more than one needs Redis and a port."""
+    """``workers``: 1 by default, 0 for one per core; more than one needs Redis (one list
+    or groups) and a port."""
     workers = r.integer(raw, "workers", "workers", 1, low=0)
     if workers > _MAX_WORKERS:
         r.fail("workers", workers, f"must be at most {_MAX_WORKERS}")
-    if workers != 1 and not locks.redis:
+    if workers != 1 and not (locks.redis or locks.groups):
         r.fail(
             "workers",
             workers,
-            "more than one worker needs [locks] redis: the in-process lock backend lives in "
-            "one process, so workers would grant the same lock at once",
+            "more than one worker needs [locks] redis or groups: without them the "
+            "in-process lock backend is used, which lives in one process, so workers "
+            "would grant the same lock at once",
         )
     if workers != 1 and any(a is not None and a.port == 0 for a in listens):
         r.fail(

@@ -433,8 +433,8 @@ REDIS = {"redis": ["redis://127.0.0.1:7101"]}
 @pytest.mark.parametrize(
     ("raw", "names"),
     [
-        ({"workers": 2}, ["'workers'", "[locks] redis", "in-process"]),
-        ({"workers": 0}, ["'workers'", "[locks] redis"]),
+        ({"workers": 2}, ["'workers'", "[locks] redis or groups", "in-process"]),
+        ({"workers": 0}, ["'workers'", "[locks] redis or groups"]),
         ({"workers": -1, "locks": REDIS}, ["'workers'", "at least 0"]),
         ({"workers": "2", "locks": REDIS}, ["'workers'", "whole number"]),
         ({"workers": 1000, "locks": REDIS}, ["'workers'", "at most 256"]),
@@ -447,6 +447,12 @@ def test_workers_config_errors_name_the_key(raw: dict[str, Any], names: list[str
         parse_config(raw)
     for name in names:
         assert name in str(info.value), (name, str(info.value))
+
+
+def test_workers_run_over_redis_or_redlock_groups() -> None:
+    groups = {"groups": [["redis://127.0.0.1:7101"], ["redis://127.0.0.1:7102"]]}
+    for locks in (REDIS, groups):
+        assert parse_config({"listen": "127.0.0.1:8080", "workers": 2, "locks": locks}).workers == 2
 
 
 def test_workers_from_file_environment_and_command_line(tmp_path: Path) -> None:
