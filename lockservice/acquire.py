@@ -160,7 +160,7 @@ class Acquirer:
                 mismatched.append(reply.permits)
             elif isinstance(reply, Unsynced) or (isinstance(reply, Quarantined) and not reply.pttl):
                 self._resyncer.schedule(self.nodes[i])  # a resync, or its second copy (R21)
-        found = found_lease(tagged, self.quorum, start)
+        found = found_lease(tagged, self.quorum, start, loop.time())
         if found is not None or len(mismatched) >= self.quorum:
             # R26: the lease of the tag answers; R22: semaphore holders of other permits.
             # The grants this try got (there may be some) are undone by the caller.
@@ -262,15 +262,20 @@ def _is_granted(reply: AcquireReply) -> bool:
     return isinstance(reply, Granted)
 
 
-def found_lease(tagged: Sequence[Tagged], quorum: int, start: float) -> Attempt | None:
+def found_lease(tagged: Sequence[Tagged], quorum: int, start: float, now: float) -> Attempt | None:
     """The lease committed with the try's tag, when a quorum answered it (R26): its
     id, the token its owner decided (every node that committed the tag holds that
-    one) and the validity a quorum of them still gives it."""
+    one) and the validity a quorum of them still gives it. None when that validity
+    is (about to be) over at ``now``: the lock's last moments are past its lease's validity,
+    and a repeat then waits them out and acquires afresh."""
     ids = [t.lease_id for t in tagged]
     for lease_id in set(ids):
         if ids.count(lease_id) >= quorum:
             mine = [t for t in tagged if t.lease_id == lease_id]
             token = max(t.token for t in mine)
             left = sorted((t.pttl for t in mine), reverse=True)[quorum - 1] / 1000
-            return Attempt(token, start + left - drift(left), 0.0, lease_id)
+            valid_until = start + left - drift(left)
+            if valid_until - now <= drift(left):
+                return None
+            return Attempt(token, valid_until, 0.0, lease_id)
     return None

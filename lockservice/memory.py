@@ -213,7 +213,10 @@ def _conflicts(held: _Held, mode: str, permits: int, others: int) -> bool:
 
 
 def _tagged(held: _Held, tag: str) -> Attempt | None:
+    """The lease committed with ``tag`` while its validity lasts (R26): in the lock's
+    last drift(ttl) a repeat waits it out and acquires afresh."""
+    now = asyncio.get_running_loop().time()
     for lease_id, holder in held.holders.items():
-        if holder.tag == tag:
+        if holder.tag == tag and holder.valid_until > now:
             return Attempt(holder.token, holder.valid_until, 0.0, lease_id)
     return None

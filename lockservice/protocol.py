@@ -180,7 +180,9 @@ R26 An idempotency tag (a digest of the key and of the kind, ``lease.
     repeat may queue (best effort under node faults). A repeat asks the nodes
     first (find.lua; synced and not quarantined nodes only, R17) and returns the
     lease a quorum names committed (its id, the decided token, the validity a
-    quorum still gives it); a try that finds it answers it instead of granting
+    quorum still gives it) while that validity lasts beyond drift(left): in the
+    lock's last drift(ttl), past the lease's validity, the repeat waits the lock
+    out and acquires afresh; a try that finds it answers it instead of granting
     or queueing (acquire.lua, ``acquire.found_lease``, ``idempotency``,
     ``memory.commit``). extend answers the largest token of a quorum: the
     decided token is on a quorum (R4) and every quorum meets it.
@@ -327,7 +329,8 @@ R25 test_kinds: a_queued_exclusive_waiter_is_served_before_later_shared_requests
     the_node_model_hands_over_when_a_waiter_leaves_a_group
 R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     a_repeat_is_answered_even_behind_queued_waiters, idempotent_shared_and_
-    semaphore_leases, two_queued_shared_acquires_with_one_key_end_with_one_lease;
+    semaphore_leases, two_queued_shared_acquires_with_one_key_end_with_one_lease,
+    a_repeat_after_the_leases_validity_ended_acquires_afresh;
     test_scripts: a_tag_answers_only_once_its_lease_committed_it; test_memory:
     idempotency_digests_go_with_their_leases; test_protocol: a_repeat_answers_the_
     decided_token_not_a_vote_of_the_nodes; faults/test_idempotent_acquire:

@@ -186,7 +186,8 @@ class Redlock:
         tagged = [r for r in rnd.replies if isinstance(r, Tagged)]
         if len(tagged) < self.quorum:
             raise self._rounds.unavailable(name, rnd, _is_tagged)
-        return found_lease([t for t in tagged if t.token], self.quorum, start)
+        now = asyncio.get_running_loop().time()
+        return found_lease([t for t in tagged if t.token], self.quorum, start, now)
 
     async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
         """R26: record ``tag`` for the decided lease; the other lease a quorum says
@@ -201,7 +202,7 @@ class Redlock:
         if rnd.count(_committed) >= self.quorum:
             return None
         other = [r for r in rnd.replies if isinstance(r, Tagged)]
-        return found_lease(other, self.quorum, start)
+        return found_lease(other, self.quorum, start, asyncio.get_running_loop().time())
 
     def abandon(self, name: str, lease_id: str) -> None:
         self._handovers.close(lease_id)

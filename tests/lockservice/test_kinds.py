@@ -334,3 +334,18 @@ async def test_two_queued_shared_acquires_with_one_key_end_with_one_lease(
         await asyncio.sleep(0.02)
     assert (await b.inspect("k/idem-two")).holders == 1
     await free(a, first)
+
+
+async def test_a_repeat_after_the_leases_validity_ended_acquires_afresh(
+    make_manager: MakeManager,
+) -> None:
+    """R26: a repeat that comes after its lease's validity ran out, while the lock itself
+    may still be held (its last drift(ttl)), is never answered with that lease, valid
+    0 s: it waits the lock out and acquires afresh."""
+    mgr = await make_manager()
+    for i in range(15):
+        lease = await mgr.acquire(f"k/late/{i}", ttl=0.3, idempotency_key="K")
+        await asyncio.sleep(max(0.0, lease.remaining()) + 0.001)  # validity just over
+        again = await mgr.acquire(f"k/late/{i}", ttl=0.3, wait=1.0, idempotency_key="K")
+        assert again.remaining() > 0, i
+        assert again.lease_id != lease.lease_id or again.valid_until > lease.valid_until

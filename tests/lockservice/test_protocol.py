@@ -47,7 +47,7 @@ def test_a_repeat_answers_the_decided_token_not_a_vote_of_the_nodes() -> None:
     """S4: the committed token is the decided one; a tie or a majority of stale
     per-node tokens must not pick another."""
     tagged = [Tagged(7, 5_000, "w"), Tagged(5, 5_000, "w"), Tagged(5, 5_000, "w")]
-    found = found_lease(tagged[1:2] + tagged[:1], 2, 0.0)
+    found = found_lease(tagged[1:2] + tagged[:1], 2, 0.0, 0.0)
     assert found is not None
     assert (found.lease_id, found.token) == ("w", 7)
-    assert found_lease(tagged, 3, 0.0).token == 7  # type: ignore[union-attr]
+    assert found_lease(tagged, 3, 0.0, 0.0).token == 7  # type: ignore[union-attr]
