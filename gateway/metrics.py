@@ -29,7 +29,8 @@ the workers started again; ``python_gc_*`` are per process and not exported then
 Hold time and leases held are what this gateway replica saw: a lease granted
 here and released here (hold time), or granted here and neither released
 nor expired yet (leases held). The gateway keeps no lock state, so a lease
-renewed or released through another replica counts there.
+renewed or released through another replica counts there; with workers, the
+same holds per worker (README "All cores of a host").
 """
 
 from __future__ import annotations
