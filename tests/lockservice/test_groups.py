@@ -667,7 +667,11 @@ async def test_carry_over_waits_as_long_as_any_gateway_may_grant(
 
 
 async def test_carry_over_refuses_a_node_not_synced_in_its_run(
-    groups: dict[str, GroupSpec], managers: Managers, redis_pool: list[RedisNode]
+    groups: dict[str, GroupSpec],
+    managers: Managers,
+    redis_pool: list[RedisNode],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """R30 with R17: group b is removed (its names move to c, whose counters are behind).
     b's node restarts empty before any gateway resynced it: the carry must not read it
@@ -683,6 +687,10 @@ async def test_carry_over_refuses_a_node_not_synced_in_its_run(
     redis_pool[3].restart(lose_data=True)  # group b's node
     with pytest.raises(CarryFailed, match="resync pending"):
         await carry_over([c], [b, c], max_ttl=MAX_TTL)
+    path = tmp_path / "change.toml"
+    path.write_text(_toml([c], [b, c]))
+    assert await asyncio.to_thread(main, ["groups", "carry", "--config", str(path)]) == 3
+    assert "resync pending" in capsys.readouterr().err
     changing = await managers.make([c], previous=[b, c])  # resyncs b's node
     await carry_over([c], [b, c], max_ttl=MAX_TTL)
     await managers.close(changing)
