@@ -18,7 +18,7 @@ from contextvars import ContextVar
 
 from lockservice import scripts
 from lockservice.backend import Attempt, Readiness
-from lockservice.errors import QuorumUnavailable
+from lockservice.errors import LeaseLost, QuorumUnavailable
 from lockservice.events import LockEvents
 from lockservice.lease import LockInfo
 from lockservice.node import parse_node_url
@@ -204,8 +204,18 @@ class Groups:
         self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
     ) -> tuple[float, int]:
         # R31: a lease of a moved name holds both groups, or it is lost: the old group
-        # first, the new one only once the old one extended it.
-        done = [await g.extend(name, lease_id, ttl, mode=mode) for g in self.route(name)]
+        # first, the new one only once the old one extended it. A lost lease gives its
+        # grant in the other group up, or that grant would hold the name until its ttl.
+        route = self.route(name)
+        done = []
+        for group in route:
+            try:
+                done.append(await group.extend(name, lease_id, ttl, mode=mode))
+            except LeaseLost:
+                for other in route:
+                    if other is not group:
+                        await other.release(name, lease_id, confirm=False)
+                raise
         return min(v for v, _ in done), max(t for _, t in done)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:

@@ -232,12 +232,14 @@ R30 Carry-over, after the last gateway of the old configuration stopped and
 R31 A lease of a moved name is extended only while both groups hold it: the old
     group first, the new one only once the old one extended it, and a
     ``LeaseLost`` from either is a ``LeaseLost``, so it never lives on in one
-    group after it ended in the other. Likewise a repeat (R26) answers it only
-    when both groups name it committed, and a commit goes in route order: the
-    old group decides (another lease it names is the answer), the new group is
-    asked only once the old one took the tag, and its answer decides nothing
-    (commits that cross between two gateways end with one lease). A release
-    goes to both (``Groups.extend``, ``find``, ``commit``, ``release``).  [I1, I4]
+    group after it ended in the other (its grant there is given up: the name
+    is free at once, not held until the ttl). Likewise a repeat (R26) answers
+    it only when both groups name it committed, and a commit goes in route
+    order: the old group decides (another lease it names is the answer), the
+    new group is asked only once the old one took the tag, and its answer
+    decides nothing (commits that cross between two gateways end with one
+    lease). A release goes to both (``Groups.extend``, ``find``, ``commit``,
+    ``release``).                                                       [I1, I4]
 
 R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
     hand-over (``Pending.need``), round 2 and an extend count N nodes; fewer is
@@ -363,6 +365,7 @@ R30 test_groups: tokens_rise_across_adding_and_removing_a_group (fails
     through_an_old_gateway_outlives_its_grant_in_the_new_group (I1)
 R31 lockservice/test_groups: a_moved_lease_that_lost_one_group_is_lost,
     a_moved_lease_is_extended_in_its_new_group_only_after_its_old_one,
+    a_moved_lease_lost_in_one_group_frees_the_other,
     a_repeat_never_answers_a_moved_lease_one_group_lost, crossed_commits_of_one_
     key_end_with_one_held_lease; model/test_groups_model: without_the_rule_..._
     breaks[R31] (I1)
