@@ -1,23 +1,31 @@
 """Redlock groups: lock throughput with 1, 2 and 3 groups, and 3 gateways x 2 groups
 where one group loses nodes.
 
-Every Redis node is pinned to CPU 0 with ``taskset``, so that all of Redis
-has one core; the client processes run on any CPU (``--pin-clients``: on the
-others). The report shows the Redis CPU used per second of wall time (1.0 =
-its core busy: Redis is the bottleneck).
+1. **Throughput**: 1, 2, 3 groups of 3 nodes; ``--clients`` client processes
+   with ``--workers`` tasks per group each (the same load on every group:
+   each node's pipelines are as deep with 3 groups as with 1) take and
+   release locks of distinct names.
+   Each Redis node is given a CPU budget of its own (``--node-cpu-pct``, % of
+   one core, a cgroup-v1 ``cpu`` group per node: ``benchmarks/_cpucap.py``),
+   as if each node had a small host of its own, so that Redis, not the client
+   processes, is the bottleneck even on a busy machine. The rows alternate
+   (1, 2, 3 then 3, 2, 1 groups ...) for ``--rounds`` rounds and the table
+   shows medians, the ratio to one group, the client processes' CPU (their
+   headroom) and how much of their budget the nodes used and how often they
+   were throttled. Where cgroups are not writable (or ``--node-cpu-pct 0``),
+   every node is pinned to CPU 0 with ``taskset`` as before, and the report
+   says so.
+2. **Simulation**: 3 gateway processes x 2 groups of 3 nodes, nodes not
+   capped; each gateway has ``--sim-workers`` tasks per group, which take
+   random names of that group from a set the gateways share (so they
+   contend), hold them 1 ms and record when they held which token. Phases:
+   all healthy; group b lost a node (still a quorum); group b lost two (no
+   quorum). Checked across all gateways: no two holders of a name overlap in
+   time (on the host's monotonic clock, which every process shares) and
+   tokens rise in that order; each group's grants/s, acquire latency and
+   refusals by reason (node timeout, node down, other) per phase.
 
-1. **Throughput**: 1, 2, 3 groups of 3 nodes; two client processes with
-   ``--workers`` tasks each take and release locks of distinct names.
-2. **Simulation**: 3 gateway processes x 2 groups of 3 nodes; each gateway
-   has ``--sim-workers`` tasks per group, which take random names of that
-   group from a set the gateways share (so they contend), hold them 1 ms and
-   record when they held which token. Phases: all healthy; group b
-   lost a node (still a quorum); group b lost two (no quorum). Checked across
-   all gateways: no two holders of a name overlap in time (on the host's
-   monotonic clock, which every process shares) and tokens rise in that order;
-   group a's throughput per phase.
-
-    .venv/bin/python -m benchmarks.groups            # full run (about 3 minutes)
+    .venv/bin/python -m benchmarks.groups            # full run (about 6 minutes)
     .venv/bin/python -m benchmarks.groups --quick    # a short smoke run
 
 Results: printed, and written to benchmarks/results/groups.md and groups.json
@@ -29,11 +37,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import multiprocessing
 import os
 import platform
 import random
+import statistics
 import subprocess
 import tempfile
 import time
@@ -44,13 +52,15 @@ from typing import Any
 
 import uvloop
 
+from benchmarks._cpucap import CpuCaps, Throttling
+from benchmarks._report import RESULTS, command, write_json
 from lockservice import LockManager, LockServiceError, QuorumUnavailable
 from lockservice.placement import GroupSpec, owner
 from tests._servers import RedisNode
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REDIS_CPU = "0"
 CLIENT_CPUS = set(range(os.cpu_count() or 1))  # --pin-clients: every CPU but REDIS_CPU
+WARMUP = 3.0  # seconds for the client processes to connect before a row starts
 
 
 def _pin(node: RedisNode) -> None:
@@ -85,22 +95,29 @@ def _specs(groups: list[list[str]]) -> list[GroupSpec]:
 
 # ---------------------------------------------------------------- 1. throughput
 def _throughput_child(
-    groups: list[list[str]], workers: int, seconds: float, tag: int, cpus: set[int]
-) -> tuple[int, int]:
+    groups: list[list[str]], workers: int, start: float, seconds: float, tag: str, cpus: set[int]
+) -> tuple[int, int, float, float, float]:
     os.sched_setaffinity(0, cpus)
     try:
-        return uvloop.run(_throughput(groups, workers, seconds, tag))
+        return uvloop.run(_throughput(groups, workers, start, seconds, tag))
     except Exception as exc:  # the pool cannot unpickle our errors: send a plain one
         raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
 
 
 async def _throughput(
-    groups: list[list[str]], workers: int, seconds: float, tag: int
-) -> tuple[int, int]:
-    """Cycles done, and acquires refused (a node slower than the node timeout)."""
-    mgr = await LockManager.connect(groups=_specs(groups), max_ttl=30.0, node_timeout=0.5)
+    groups: list[list[str]], workers: int, start: float, seconds: float, tag: str
+) -> tuple[int, int, float, float, float]:
+    """Cycles done in [start, start + seconds), acquires refused, this process's CPU
+    seconds in that window, how late it was ready (0: in time), and how long it
+    waited for a CPU in that window (a busy machine: the clients lack headroom)."""
+    # A throttled node queues commands for up to a CFS period: a node timeout that
+    # long is no refusal here (the period is at most 100 ms).
+    mgr = await LockManager.connect(groups=_specs(groups), max_ttl=30.0, node_timeout=2.0)
+    late = max(0.0, time.monotonic() - start)
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
     done = refused = 0
-    stop = time.monotonic() + seconds
+    stop = start + seconds
+    cpu0, wait0 = time.process_time(), _runqueue_wait()
 
     async def worker(i: int) -> None:
         nonlocal done, refused
@@ -116,41 +133,87 @@ async def _throughput(
         done += n
 
     await asyncio.gather(*(worker(i) for i in range(workers)))
+    cpu, waited = time.process_time() - cpu0, _runqueue_wait() - wait0
     await mgr.close()
-    return done, refused
+    return done, refused, cpu, late, waited
 
 
-def throughput(nodes: list[RedisNode], args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
+def _runqueue_wait() -> float:
+    """Seconds this process's thread waited for a CPU while runnable (schedstat)."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _row(
+    pool: Any,
+    nodes: list[RedisNode],
+    count: int,
+    tag: str,
+    args: argparse.Namespace,
+    caps: CpuCaps | None,
+) -> dict[str, Any]:
+    for node in nodes:
+        node.flushall()
+    groups = _groups(nodes, count)
+    used = nodes[: 3 * count]
+    start = time.monotonic() + WARMUP
+    pending = pool.starmap_async(
+        _throughput_child,
+        [(groups, args.workers * count, start, args.seconds, f"{tag}/{c}", _cpus(args))
+         for c in range(args.clients)],
+    )  # fmt: skip
+    time.sleep(max(0.0, start - time.monotonic()))
+    cpu0, t0 = _redis_cpu(used), time.perf_counter()
+    keys = [f"node{i}" for i in range(len(used))]
+    th0 = [caps.throttling(k) for k in keys] if caps else []
+    time.sleep(max(0.0, start + args.seconds - time.monotonic()))
+    wall = time.perf_counter() - t0
+    redis = _redis_cpu(used) - cpu0
+    th = sum((caps.throttling(k) - b for k, b in zip(keys, th0, strict=True)), Throttling())
+    th = th if caps else Throttling()
+    parts = pending.get(timeout=args.seconds + 120)
+    cycles = sum(p[0] for p in parts)
+    node_cpu = redis / len(used) / wall  # cores busy, per node
+    row: dict[str, Any] = {
+        "groups": count,
+        "cycles_per_s": round(cycles / args.seconds),
+        "refused": sum(p[1] for p in parts),
+        "client_cpu_cores": round(sum(p[2] for p in parts) / args.seconds, 2),
+        "clients_late_s": round(max(p[3] for p in parts), 2),
+        # per client process, share of the row it was runnable but waiting for a CPU
+        "client_cpu_wait": round(max(p[4] for p in parts) / args.seconds, 2),
+        "node_cpu_cores": round(node_cpu, 3),
+        "redis_cpu_us_per_cycle": round(redis / max(cycles, 1) * 1e6, 1),
+    }
+    if caps:
+        row["node_cpu_of_budget"] = round(node_cpu / (args.node_cpu_pct / 100), 2)
+        row["throttled_periods"] = round(th.throttled / max(th.periods, 1), 2)
+        row["throttled_s_per_node_s"] = round(th.throttled_s / len(used) / wall, 2)
+    print(row, flush=True)
+    return row
+
+
+def throughput(
+    nodes: list[RedisNode], args: argparse.Namespace, caps: CpuCaps | None
+) -> dict[str, Any]:
+    """Alternating rounds (1, 2, 3 groups, then 3, 2, 1, ...): every row and the medians."""
     ctx = multiprocessing.get_context("spawn")
+    runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    with ctx.Pool(args.clients) as pool:
+        for r in range(args.rounds):
+            for count in (1, 2, 3) if r % 2 == 0 else (3, 2, 1):
+                runs[count].append(_row(pool, nodes, count, f"{r}", args, caps))
+    medians = []
     for count in (1, 2, 3):
-        for node in nodes:
-            node.flushall()
-        groups = _groups(nodes, count)
-        used = nodes[: 3 * count]
-        cpu0, t0 = _redis_cpu(used), time.perf_counter()
-        with ctx.Pool(args.clients) as pool:
-            parts = pool.starmap(
-                _throughput_child,
-                [(groups, args.workers, args.seconds, t, _cpus(args)) for t in range(args.clients)],
-            )
-        wall = time.perf_counter() - t0
-        cycles = sum(done for done, _ in parts)
-        redis = _redis_cpu(used) - cpu0
-        per_node_us = redis / cycles * 1e6 / 3  # each cycle runs on the 3 nodes of a group
-        rows.append({
-            "groups": count,
-            "nodes": 3 * count,
-            "cycles_per_s": round(cycles / args.seconds),
-            "refused": sum(r for _, r in parts),
-            "redis_cpu_per_s": round(redis / wall, 2),
-            "redis_cpu_us_per_cycle": round(redis / cycles * 1e6, 1),
-            "node_cpu_us_per_cycle_of_its_group": round(per_node_us, 1),
-            # a node's core saturates at 1e6 / per_node_us cycles/s of its group's names
-            "ceiling_cycles_per_s_one_core_per_node": round(count * 1e6 / per_node_us),
-        })  # fmt: skip
-        print(rows[-1], flush=True)
-    return rows
+        rows = runs[count]
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "groups"}
+        medians.append({"groups": count, "nodes": 3 * count, **med})
+    base = medians[0]["cycles_per_s"] or 1
+    for m in medians:
+        m["ratio_to_one_group"] = round(m["cycles_per_s"] / base, 2)
+    return {"medians": medians, "rows": {str(k): v for k, v in sorted(runs.items())}}
 
 
 # ---------------------------------------------------------------- 2. simulation
@@ -163,6 +226,21 @@ def _gateway_child(
         raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
 
 
+def _why(exc: QuorumUnavailable) -> str:
+    """The kind of a refusal: every failed node's reason, as a small fixed set."""
+    kinds = set()
+    for text in exc.node_errors.values():
+        if text.startswith("no reply"):
+            kinds.add("node timeout")
+        elif text.startswith("down"):
+            kinds.add("node down")
+        elif "quarantined" in text or "resynced" in text:
+            kinds.add("resync")
+        else:
+            kinds.add("other")
+    return "+".join(sorted(kinds)) or "none named"
+
+
 async def _gateway(
     groups: list[list[str]], names: list[str], workers: int, start: float, phase: float
 ) -> dict[str, Any]:
@@ -171,6 +249,7 @@ async def _gateway(
     mgr = await LockManager.connect(groups=specs, max_ttl=5.0, node_timeout=0.5)
     records: list[tuple[str, int, float, float]] = []
     counts: dict[str, int] = defaultdict(int)  # "<phase> <group> <result>"
+    took: dict[str, list[float]] = defaultdict(list)  # "<phase> <group>": acquire seconds
     end = start + 3 * phase
     await asyncio.sleep(max(0.0, start - time.monotonic()))  # every gateway starts at once
 
@@ -182,14 +261,16 @@ async def _gateway(
             key = f"{int((now - start) // phase)} {group}"
             try:
                 lease = await mgr.acquire(name, ttl=2.0, wait=2.0)
-            except QuorumUnavailable:
-                counts[key + " unavailable"] += 1
+            except QuorumUnavailable as exc:
+                counts[f"{key} unavailable"] += 1
+                counts[f"{key} unavailable: {_why(exc)}"] += 1
                 await asyncio.sleep(0.05)  # a client backs off before it retries
                 continue
             except Exception as exc:
                 counts[f"{key} {type(exc).__name__}"] += 1
                 continue
             held = time.monotonic()
+            took[key].append(held - now)
             await asyncio.sleep(0.001)
             left = time.monotonic()
             if lease.valid_until > asyncio.get_running_loop().time():
@@ -204,7 +285,7 @@ async def _gateway(
 
     await asyncio.gather(*(worker(g) for g in ids for _ in range(workers)))
     await mgr.close()
-    return {"records": records, "counts": dict(counts)}
+    return {"records": records, "counts": dict(counts), "took": dict(took)}
 
 
 def _violations(records: list[tuple[str, int, float, float]]) -> list[str]:
@@ -223,7 +304,7 @@ def _violations(records: list[tuple[str, int, float, float]]) -> list[str]:
     return found
 
 
-def simulation(nodes: list[RedisNode], args: argparse.Namespace) -> dict[str, Any]:
+def simulation(nodes: list[RedisNode], args: argparse.Namespace, pinned: bool) -> dict[str, Any]:
     for node in nodes:
         node.flushall()
     groups = _groups(nodes, 2)
@@ -244,18 +325,30 @@ def simulation(nodes: list[RedisNode], args: argparse.Namespace) -> dict[str, An
         results = pending.get(timeout=3 * phase + 120)
     for node in b_nodes[1:]:
         node.start()
-        _pin(node)
+        if pinned:
+            _pin(node)
     records = [tuple(r) for res in results for r in res["records"]]
     counts: dict[str, int] = defaultdict(int)
+    took: dict[str, list[float]] = defaultdict(list)
     for res in results:
         for key, value in res["counts"].items():
             counts[key] += value
+        for key, values in res["took"].items():
+            took[key] += values
     table = []
     for p, label in enumerate(("healthy", "b lost 1 of 3 nodes", "b lost 2 of 3 nodes")):
         row: dict[str, Any] = {"phase": label}
         for g in ids:
             row[f"{g}_granted_per_s"] = round(counts.get(f"{p} {g} granted", 0) / phase)
             row[f"{g}_unavailable"] = counts.get(f"{p} {g} unavailable", 0)
+            row[f"{g}_refused_by_reason"] = {
+                k.split(": ", 1)[1]: v
+                for k, v in counts.items()
+                if k.startswith(f"{p} {g} unavailable: ")
+            }
+            acquires = sorted(took.get(f"{p} {g}", [])) or [0.0]
+            row[f"{g}_acquire_ms_p50"] = round(1000 * acquires[len(acquires) // 2], 2)
+            row[f"{g}_acquire_ms_p99"] = round(1000 * acquires[int(len(acquires) * 0.99)], 2)
         table.append(row)
         print(row, flush=True)
     violations = _violations(records)  # type: ignore[arg-type]
@@ -267,80 +360,127 @@ def simulation(nodes: list[RedisNode], args: argparse.Namespace) -> dict[str, An
         "violations": violations[:20],
         "violation_count": len(violations),
         "other_outcomes": {
-            k: v for k, v in counts.items() if not k.endswith((" granted", " unavailable"))
+            k: v
+            for k, v in counts.items()
+            if not k.endswith((" granted", " unavailable")) and " unavailable: " not in k
         },
     }
 
 
 # ---------------------------------------------------------------- report
-def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    suffix = "-quick" if args.quick else ""
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"groups{suffix}.json").write_text(json.dumps(results, indent=2))
+def _setup_text(results: dict[str, Any], args: argparse.Namespace) -> str:
+    if results["node_cpu_caps"]:
+        return (
+            f"Each Redis node had {args.node_cpu_pct:g} % of one core ({results['caps']}); "
+            "the client processes ran on any CPU."
+        )
+    return (
+        f"No CPU budget per node ({results['caps']}): every Redis node pinned to CPU 0, "
+        f"client processes {'on the other CPU' if args.pin_clients else 'on any CPU'}."
+    )
+
+
+def _throughput_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    capped = results["node_cpu_caps"]
     lines = [
-        "# Redlock groups benchmark",
+        f"## Throughput: {args.workers} workers per group x {args.clients} client processes, "
+        "distinct "
+        f"names, {args.seconds:g} s per row, medians of {args.rounds} alternating round(s)",
         "",
-        f"`python -m benchmarks.groups{' --quick' if args.quick else ''}`, "
-        f"{results['when']}; {results['machine']}; load average before the run "
-        f"{results['load_before']}, after {results['load_after']} (a shared machine: "
-        "other engineers' tests ran at the same time). Redis nodes pinned to CPU 0, "
-        f"client processes {'on the other CPU' if args.pin_clients else 'on any CPU'}.",
-        "",
-        f"## Throughput: {args.workers} workers x {args.clients} client processes, "
-        "distinct names, "
-        f"{args.seconds:g} s per row",
-        "",
-        "| groups | nodes | acquire+release cycles/s | Redis CPU (cores busy) "
-        "| Redis CPU per cycle (all nodes) | ceiling with a core per node (derived) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| groups | nodes | acquire+release cycles/s | ratio to 1 group | refused "
+        "| client CPU (cores) | client waiting for a CPU | Redis CPU per node (cores) "
+        + ("| of its budget | periods throttled " if capped else "")
+        + "| Redis CPU per cycle (all nodes) |",
+        "| --- " * (9 + 2 * capped) + "|",
     ]
-    for r in results["throughput"]:
+    for m in results["throughput"]["medians"]:
         lines.append(
-            f"| {r['groups']} | {r['nodes']} | {r['cycles_per_s']:,} | "
-            f"{r['redis_cpu_per_s']} | {r['redis_cpu_us_per_cycle']} µs | "
-            f"{r['ceiling_cycles_per_s_one_core_per_node']:,} |"
+            f"| {m['groups']} | {m['nodes']} | {m['cycles_per_s']:,.0f} | "
+            f"{m['ratio_to_one_group']} | {m['refused']:g} | {m['client_cpu_cores']} | "
+            f"{m['client_cpu_wait']} | "
+            f"{m['node_cpu_cores']} | "
+            + (f"{m['node_cpu_of_budget']} | {m['throttled_periods']} | " if capped else "")
+            + f"{m['redis_cpu_us_per_cycle']} µs |"
         )
-    busiest = max(r["redis_cpu_per_s"] for r in results["throughput"])
-    lines += [
-        "",
-        (
-            f"Redis's core was at most {busiest} busy: on this run the client processes, "
-            "not Redis, were the bottleneck. "
-            if busiest < 0.9
-            else f"Redis's core was {busiest} busy: Redis was the bottleneck. "
+    lines.append("")
+    rows = results["throughput"]["rows"]
+    lines.append(
+        "Each row's cycles/s: "
+        + "; ".join(
+            f"{g} group(s) " + ", ".join(f"{r['cycles_per_s']:,}" for r in rows[g]) for g in rows
         )
-        + "All nodes share that one core, so the Redis work per lock cycle is the same "
-        "with any number of groups (and more groups cost more CPU per cycle on both "
-        "sides: each connection carries a smaller pipeline), so groups cannot raise "
-        "throughput on one host. They raise it when each group's nodes have their own "
-        "cores or hosts: the last column is that ceiling, derived from the measured CPU "
-        "per cycle (one node of a group does a third of its group's Redis work, so a "
-        "node's core saturates at 10^6 / (its µs per cycle) cycles/s, times the groups).",
-    ]
-    sim = results["simulation"]
-    lines += [
-        "",
+        + "."
+    )
+    if capped:
+        medians = results["throughput"]["medians"]
+        low = min(m["node_cpu_of_budget"] for m in medians)
+        wait = max(m["client_cpu_wait"] for m in medians)
+        verdict = (
+            f"The nodes used at least {low} of their CPU budget in every row (medians): Redis "
+            "was the bottleneck"
+            if low >= 0.85
+            else f"In some rows the nodes used only {low} of their budget: there the clients, "
+            "not Redis, set the pace"
+        ) + (
+            f"; a client process waited for a CPU up to {wait} of the time (a busy machine)."
+            if wait >= 0.1
+            else f"; the client processes had CPU headroom (waited for a CPU {wait} of the time)."
+        )
+        lines += ["", verdict]
+    return lines
+
+
+def _simulation_lines(sim: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    lines = [
         f"## Simulation: 3 gateway processes x 2 groups, {args.sim_workers} workers per "
-        f"group in each, 128 shared names, {args.phase:g} s per phase",
+        f"group in each, 128 shared names, {args.phase:g} s per phase, nodes not capped",
         "",
-        "| phase | group a grants/s | group a refused | group b grants/s "
-        "| group b refused (no quorum) |",
-        "| --- | --- | --- | --- | --- |",
+        "| phase | a grants/s | a acquire p50 / p99 ms | a refused (by reason) "
+        "| b grants/s | b acquire p50 / p99 ms | b refused (by reason) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in sim["phases"]:
-        lines.append(
-            f"| {r['phase']} | {r['a_granted_per_s']:,} | {r['a_unavailable']:,} | "
-            f"{r['b_granted_per_s']:,} | {r['b_unavailable']:,} |"
-        )
+        cells = [r["phase"]]
+        for g in ("a", "b"):
+            why = ", ".join(f"{k}: {v:,}" for k, v in r[f"{g}_refused_by_reason"].items())
+            cells += [
+                f"{r[f'{g}_granted_per_s']:,}",
+                f"{r[f'{g}_acquire_ms_p50']} / {r[f'{g}_acquire_ms_p99']}",
+                f"{r[f'{g}_unavailable']:,}" + (f" ({why})" if why else ""),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         f"Group a's grants/s relative to the healthy phase: {sim['a_ratio_vs_healthy']}. "
         f"Grants checked across the three gateways: {sim['grants_checked']:,}; "
         f"overlapping holders or tokens out of order: {sim['violation_count']}. "
         f"Other outcomes: {sim['other_outcomes'] or 'none'}.",
+    ]
+    return lines
+
+
+def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    stem = "groups-quick" if args.quick else "groups"
+    write_json(stem, results)
+    lines = [
+        "# Redlock groups benchmark",
+        "",
+        f"`{command()}`, {results['when']}; {results['machine']}; load average before the "
+        f"run {results['load_before']}, after {results['load_after']}"
+        + (" (a short run)" if args.quick else "")
+        + ". "
+        + _setup_text(results, args),
+        "",
+        "Rerun on a quiet machine: `python -m benchmarks.groups` (as root, for the per-node "
+        "CPU budgets; `--node-cpu-pct P` sets them, `--rounds R` the alternating rounds).",
+        "",
+        *_throughput_lines(results, args),
+        "",
+        *_simulation_lines(results["simulation"], args),
         "",
     ]
-    (RESULTS / f"groups{suffix}.md").write_text("\n".join(lines))
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 def main(args: argparse.Namespace) -> None:
@@ -350,17 +490,34 @@ def main(args: argparse.Namespace) -> None:
         f"Python {platform.python_version()}, uvloop",
         "load_before": [round(x, 1) for x in os.getloadavg()],
     }
+    caps: CpuCaps | None = None
+    why = "--node-cpu-pct 0"
+    if args.node_cpu_pct > 0:
+        caps, why = CpuCaps.create(args.node_cpu_pct)
+        if caps is None:
+            print(f"no CPU budget per node: {why}; pinning every node to CPU {REDIS_CPU}")
+    results["node_cpu_caps"] = caps is not None
+    results["node_cpu_pct"] = args.node_cpu_pct if caps else None
+    results["caps"] = why
     with tempfile.TemporaryDirectory(prefix="fencegate-groups-") as tmp:
         nodes = [RedisNode(Path(tmp) / f"node{i}") for i in range(9)]
         try:
-            for node in nodes:
+            for i, node in enumerate(nodes):
                 node.start()
-                _pin(node)
-            results["throughput"] = throughput(nodes, args)
-            results["simulation"] = simulation(nodes[:6], args)
+                assert node.proc is not None
+                if caps:
+                    caps.cap(f"node{i}", node.proc.pid)
+                else:
+                    _pin(node)
+            results["throughput"] = throughput(nodes, args, caps)
+            if caps:
+                caps.close()  # the simulation runs on uncapped nodes
+            results["simulation"] = simulation(nodes[:6], args, pinned=caps is None)
         finally:
             for node in nodes:
                 node.stop()
+            if caps:
+                caps.close()
     results["load_after"] = [round(x, 1) for x in os.getloadavg()]
     write_report(results, args)
 
@@ -369,7 +526,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--seconds", type=float, default=20.0, help="per throughput row")
-    parser.add_argument("--workers", type=int, default=32, help="tasks per client process")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating throughput rounds")
+    parser.add_argument("--workers", type=int, default=32, help="tasks per group, per client")
+    parser.add_argument(
+        "--node-cpu-pct",
+        type=float,
+        default=2.0,
+        help="CPU budget of each Redis node, %% of one core (0: none, pin to CPU 0)",
+    )
     parser.add_argument("--phase", type=float, default=30.0, help="seconds per simulation phase")
     parser.add_argument("--clients", type=int, default=3, help="client processes")
     parser.add_argument(
@@ -377,6 +541,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--sim-workers", type=int, default=16, help="tasks per gateway")
     ns = parser.parse_args()
-    if ns.quick:
-        ns.seconds, ns.phase, ns.workers, ns.sim_workers = 2.0, 3.0, 8, 4
+    if ns.quick:  # shorter, unless given
+        for key, value in {"seconds": 5.0, "phase": 4.0, "rounds": 1, "sim_workers": 4}.items():
+            if getattr(ns, key) == parser.get_default(key):
+                setattr(ns, key, value)
     main(ns)
