@@ -3,15 +3,23 @@
 ``Metrics`` implements lockservice's ``LockEvents`` and storage_adapters'
 ``StoreHooks``, so neither package imports prometheus. Labels come from
 small fixed sets (``result``, ``reason``, ``operation``, ``kind`` of lease,
-``store``, ``node`` as host:port, the route template, the method, the
-status); a lock name, key, token, lease_id or idempotency key is never a
-label. Hot lock *names* are served by ``GET /v1/stats/hot``
-(``gateway/hotlocks.py``), not here.
+``store``, ``node`` as host:port, ``group`` as a configured Redlock group's
+id, the route template, the method, the status); a lock name, key, token,
+lease_id or idempotency key is never a label. Hot lock *names* are served by
+``GET /v1/stats/hot`` (``gateway/hotlocks.py``), not here.
 
 Every label value known in advance (each result and reason, each configured
-store and Redis node) is exported at 0 from the start (``Metrics.for_config``),
+store, Redis node and group) is exported at 0 from the start (``Metrics.for_config``),
 so that ``rate()`` and ``increase()`` see the first event too and a dashboard
 shows 0 rather than "no data".
+
+Redlock groups (``[locks] groups``): ``redis_node_group`` says which group
+each node is in (1 per node and group), ``lock_group_nodes_healthy`` and
+``lock_group_can_grant`` (1 while a quorum of its nodes is healthy) say which
+group is unhealthy in this gateway's view, and ``lock_group_node_errors``
+sums its nodes' errors. With workers, the two group gauges are the minimum
+over the live workers (a group is shown able to grant when every worker sees
+it so).
 
 Several gateways (replicas): each is its own exporter, scraped as its own
 target, so Prometheus tells them apart by the ``instance`` label and
@@ -38,7 +46,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -64,6 +72,7 @@ __all__ = [
     "WRITE_RESULTS",
     "LeaseTracker",
     "Metrics",
+    "node_groups",
 ]
 
 NAMESPACE: Final = "fencegate"
@@ -175,7 +184,16 @@ class Metrics:
     storage_write_latency: Histogram
     http_requests: Counter
     http_latency: Histogram
+    node_group: Gauge
+    group_nodes_healthy: Gauge
+    group_can_grant: Gauge
+    group_node_errors: Counter
     leases: LeaseTracker = field(default_factory=LeaseTracker)
+    # Redlock groups: node label -> group id, group id -> (its nodes, quorum); the
+    # nodes' last states, to count each group's healthy ones
+    _groups_of: dict[str, str] = field(default_factory=dict)
+    _group_nodes: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
+    _states: dict[str, str] = field(default_factory=dict)
     # labelled children by (metric, labels): .labels() costs more than the update itself
     _children: dict[tuple[object, tuple[str, ...]], Any] = field(default_factory=dict)
     _requests: dict[tuple[str, str, int], tuple[Any, Any]] = field(default_factory=dict)
@@ -189,9 +207,11 @@ class Metrics:
 
     @classmethod
     def for_config(cls, registry: CollectorRegistry, config: Config) -> Metrics:
-        """``create`` with the configured stores and Redis nodes exported at 0."""
+        """``create`` with the configured stores, Redis nodes and groups exported at 0."""
+        groups = node_groups(config)
         nodes = [parse_node_url(url).label for url in config.locks.redis]
-        return cls.create(registry, stores=config.stores, nodes=nodes)
+        nodes += [n for labels in groups.values() for n in labels if n not in nodes]
+        return cls.create(registry, stores=config.stores, nodes=nodes, groups=groups)
 
     @classmethod
     def create(
@@ -200,12 +220,15 @@ class Metrics:
         *,
         stores: Iterable[str] = (),
         nodes: Iterable[str] = (),
+        groups: Mapping[str, Sequence[str]] | None = None,
     ) -> Metrics:
         """Register every metric in ``registry`` (tests pass a fresh ``CollectorRegistry()``).
 
         Args:
             stores: store names whose series start at 0.
             nodes: Redis node labels (host:port) whose series start at 0.
+            groups: Redlock group id -> its node labels (``node_groups``): the
+                per-group series (none without groups).
         """
         r: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
         leases = LeaseTracker()
@@ -314,10 +337,49 @@ class Metrics:
                 buckets=_HTTP_BUCKETS,
                 **r,
             ),
+            node_group=Gauge(
+                "redis_node_group",
+                "1 for the Redlock group of each Redis node ([locks] groups)",
+                ["node", "group"],
+                multiprocess_mode="livemax",
+                **r,
+            ),
+            group_nodes_healthy=Gauge(
+                "lock_group_nodes_healthy",
+                "Healthy nodes (counted in quorums) of each Redlock group",
+                ["group"],
+                multiprocess_mode="livemin",
+                **r,
+            ),
+            group_can_grant=Gauge(
+                "lock_group_can_grant",
+                "1 while a quorum of a Redlock group's nodes is healthy: it can grant locks",
+                ["group"],
+                multiprocess_mode="livemin",
+                **r,
+            ),
+            group_node_errors=Counter(
+                "lock_group_node_errors",
+                "Commands the nodes of a Redlock group failed or did not answer",
+                ["group"],
+                **r,
+            ),
             leases=leases,
         )
         metrics._start_at_zero(stores, nodes)
+        metrics._add_groups(groups or {})
         return metrics
+
+    def _add_groups(self, groups: Mapping[str, Sequence[str]]) -> None:
+        """Each group's series: its nodes, none healthy yet (not connected), no errors."""
+        for gid, labels in groups.items():
+            self._group_nodes[gid] = (tuple(labels), len(labels) // 2 + 1)
+            for node in labels:
+                self._groups_of[node] = gid
+                self.node_group.labels(node, gid).set(1.0)
+            self.group_nodes_healthy.labels(gid).set(0.0)
+            self.group_can_grant.labels(gid).set(0.0)
+            self.group_node_errors.labels(gid)
 
     def _start_at_zero(self, stores: Iterable[str], nodes: Iterable[str]) -> None:
         """Export every known label set before its first event (see the module doc)."""
@@ -378,6 +440,9 @@ class Metrics:
         self._child(self.node_latency, node).observe(seconds)
         if not ok:
             self._child(self.node_errors, node).inc()
+            group = self._groups_of.get(node)
+            if group is not None:
+                self._child(self.group_node_errors, group).inc()
 
     def quorum_failed(self, operation: str) -> None:
         self.quorum_failures.labels(operation).inc()
@@ -385,6 +450,13 @@ class Metrics:
     def node_state(self, node: str, state: str) -> None:
         for known in {*NODE_STATES, state}:
             self.node_state_gauge.labels(node, known).set(1.0 if known == state else 0.0)
+        group = self._groups_of.get(node)
+        if group is not None:
+            self._states[node] = state
+            labels, quorum = self._group_nodes[group]
+            healthy = sum(self._states.get(n) == NodeState.HEALTHY.value for n in labels)
+            self.group_nodes_healthy.labels(group).set(float(healthy))
+            self.group_can_grant.labels(group).set(1.0 if healthy >= quorum else 0.0)
 
     # storage_adapters.StoreHooks
     def write_done(self, store: str, seconds: float, ok: bool) -> None:
@@ -416,3 +488,10 @@ class Metrics:
             )
         pair[0].inc()
         pair[1].observe(seconds)
+
+
+def node_groups(config: Config) -> dict[str, tuple[str, ...]]:
+    """Each configured Redlock group (``groups`` and ``previous_groups``): id -> node labels.
+    Empty for a plain ``redis`` list: no group label then."""
+    specs = (*config.locks.groups, *config.locks.previous_groups)
+    return {s.id: tuple(parse_node_url(u).label for u in s.urls) for s in specs}

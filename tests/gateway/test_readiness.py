@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from lockservice.placement import owner
 from lockservice.protocol import QUARANTINE_KEY
@@ -54,6 +57,17 @@ async def test_readiness_is_503_while_a_majority_is_quarantined_and_says_how_lon
     assert (await client.post("/v1/locks/r/q", json={"ttl_ms": 1000})).status == 200
 
 
+async def _group_series(client: TestClient[web.Request, web.Application]) -> dict[str, float]:
+    """The per-group samples of ``/metrics``: ``"<sample> <group>"`` -> value."""
+    text = await (await client.get("/metrics")).text()
+    return {
+        f"{s.name.removeprefix('fencegate_')} {s.labels['group']}": s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "group" in s.labels and not s.name.endswith("_created")
+    }
+
+
 async def test_readiness_names_each_lock_group_and_a_dead_group_fails_only_its_names(
     own_redis3: list[RedisNode], start: Start
 ) -> None:
@@ -64,6 +78,12 @@ async def test_readiness_names_each_lock_group_and_a_dead_group_fails_only_its_n
     client = await start(make_config(locks={"groups": groups, "default_ttl_ms": 1000}))
     body = await (await client.get("/readyz")).json()
     assert body["lock_groups"] == {"a": "ok", "b": "ok"}, body
+    series = await _group_series(client)
+    assert series["redis_node_group a"] == series["redis_node_group b"] == 1, series
+    for group in "ab":
+        assert series[f"lock_group_can_grant {group}"] == 1, series
+        assert series[f"lock_group_nodes_healthy {group}"] == 1, series
+        assert series[f"lock_group_node_errors_total {group}"] == 0, series
     b.kill()
     response = await client.get("/readyz")
     body = await response.json()
@@ -78,3 +98,10 @@ async def test_readiness_names_each_lock_group_and_a_dead_group_fails_only_its_n
     refused = await client.post(f"/v1/locks/{of_b}", json={})
     assert refused.status == 503
     assert (await refused.json())["error"] == "quorum_unavailable"
+    # the metrics say which group is unhealthy, and only that one
+    series = await _group_series(client)
+    assert series["lock_group_can_grant a"] == 1, series
+    assert series["lock_group_can_grant b"] == 0, series
+    assert series["lock_group_nodes_healthy b"] == 0, series
+    assert series["lock_group_node_errors_total b"] >= 1, series
+    assert series["lock_group_node_errors_total a"] == 0, series

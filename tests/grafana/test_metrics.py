@@ -40,7 +40,7 @@ from tests._servers import RedisNode
 Client = TestClient[web.Request, web.Application]
 LEASE_ID = "0123456789abcdef0123456789abcdef"
 ALLOWED_LABELS = {"result", "reason", "operation", "store", "node", "state", "route", "method",
-                  "status", "le", "kind"}  # fmt: skip
+                  "status", "le", "kind", "group"}  # fmt: skip
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -54,9 +54,11 @@ def families(registry: CollectorRegistry) -> list[Metric]:
 # names, help, labels
 def test_every_metric_is_named_for_prometheus() -> None:
     registry = CollectorRegistry()
-    Metrics.create(registry, stores=["kv"], nodes=["127.0.0.1:7101"])
+    Metrics.create(
+        registry, stores=["kv"], nodes=["127.0.0.1:7101"], groups={"a": ["127.0.0.1:7101"]}
+    )
     found = families(registry)
-    assert len(found) == 19
+    assert len(found) == 23
     for family in found:
         assert family.name.startswith("fencegate_"), family.name
         assert family.documentation.strip(), f"{family.name} has no help text"
@@ -125,6 +127,44 @@ def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
         assert get("fencegate_redis_node_errors_total", {"node": node}) == 0
         for state in NODE_STATES:
             assert get("fencegate_redis_node_state", {"node": node, "state": state}) == 0
+
+
+def test_group_series_start_at_zero_and_follow_their_nodes_states() -> None:
+    """[locks] groups: a group can grant while a quorum of its nodes is healthy; a
+    node's errors count for its group only; every node of a group is exported."""
+    registry = CollectorRegistry()
+    a = [f"redis://127.0.0.1:{port}" for port in (7101, 7102, 7103)]
+    b = [f"redis://127.0.0.1:{port}" for port in (7201, 7202, 7203)]
+    config = parse_config({"locks": {"groups": [{"id": "a", "redis": a}, {"id": "b", "redis": b}]}})
+    metrics = Metrics.for_config(registry, config)
+    get = registry.get_sample_value
+    for group, urls in (("a", a), ("b", b)):
+        assert get("fencegate_lock_group_can_grant", {"group": group}) == 0  # not connected
+        assert get("fencegate_lock_group_node_errors_total", {"group": group}) == 0
+        for url in urls:
+            node = url.removeprefix("redis://")
+            assert get("fencegate_redis_node_group", {"node": node, "group": group}) == 1
+            assert get("fencegate_redis_node_errors_total", {"node": node}) == 0
+    for node in ("127.0.0.1:7101", "127.0.0.1:7102"):
+        metrics.node_state(node, "healthy")
+    assert get("fencegate_lock_group_nodes_healthy", {"group": "a"}) == 2
+    assert get("fencegate_lock_group_can_grant", {"group": "a"}) == 1  # 2 of 3: a quorum
+    assert get("fencegate_lock_group_can_grant", {"group": "b"}) == 0
+    metrics.node_state("127.0.0.1:7102", "quarantined")
+    assert get("fencegate_lock_group_nodes_healthy", {"group": "a"}) == 1
+    assert get("fencegate_lock_group_can_grant", {"group": "a"}) == 0
+    metrics.node_call("127.0.0.1:7202", 0.5, ok=False)
+    metrics.node_call("127.0.0.1:7101", 0.001, ok=True)
+    assert get("fencegate_lock_group_node_errors_total", {"group": "b"}) == 1
+    assert get("fencegate_lock_group_node_errors_total", {"group": "a"}) == 0
+
+
+def test_without_groups_no_group_series() -> None:
+    registry = CollectorRegistry()
+    config = parse_config({"locks": {"redis": ["redis://127.0.0.1:7101"]}})
+    Metrics.for_config(registry, config).node_state("127.0.0.1:7101", "healthy")
+    grouped = [s for f in families(registry) for s in f.samples if "group" in s.labels]
+    assert grouped == []
 
 
 # each hook, alone
