@@ -3,6 +3,8 @@ names with it (protocol R27)."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import statistics
 import time
 from collections.abc import Iterator
@@ -64,4 +66,51 @@ async def test_a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone
         assert states["a"] == "ok"
         assert states["b"] != "ok"
     finally:
+        await mgr.close()
+
+
+async def test_a_slow_group_does_not_delay_another_groups_acquires(
+    two_groups: tuple[list[RedisNode], list[RedisNode]],
+) -> None:
+    """Two of group b's nodes paused: b's acquires wait out the node timeout and fail,
+    while group a's, in the same process at the same time, do not wait behind them (no
+    connection, lock or timeout is shared between groups)."""
+    a_nodes, b_nodes = two_groups
+    a = GroupSpec.of([n.url for n in a_nodes], "a")
+    b = GroupSpec.of([n.url for n in b_nodes], "b")
+    names = [f"slow/{i}" for i in range(60)]
+    of_a = [n for n in names if owner(n, ["a", "b"]) == "a"]
+    of_b = [n for n in names if owner(n, ["a", "b"]) == "b"]
+    mgr = await LockManager.connect(groups=[a, b], node_timeout=NODE_TIMEOUT, max_ttl=MAX_TTL)
+    stop = asyncio.Event()
+    refused: list[str] = []
+
+    async def keep_b_busy(name: str) -> None:
+        while not stop.is_set():
+            try:
+                await mgr.release(await mgr.acquire(name, ttl=1.0))
+            except QuorumUnavailable as exc:
+                refused.extend(exc.node_errors.values())
+
+    try:
+        b_nodes[0].pause()
+        b_nodes[1].pause()
+        busy = [asyncio.create_task(keep_b_busy(name)) for name in of_b[:8]]
+        await asyncio.sleep(NODE_TIMEOUT / 2)  # b's acquires are in flight, waiting
+        took = []
+        end = time.perf_counter() + 3 * NODE_TIMEOUT  # while b waits out three node timeouts
+        for name in itertools.cycle(of_a):
+            if (start := time.perf_counter()) > end:
+                break
+            await mgr.release(await mgr.acquire(name, ttl=1.0))
+            took.append(time.perf_counter() - start)
+        stop.set()
+        await asyncio.gather(*busy)
+        assert len(refused) >= 2 * 8, refused  # each of b's tasks was refused twice or more
+        assert statistics.median(took) < NODE_TIMEOUT / 4, took
+        # b's nodes did not answer in time (or, overdue, were dropped and are down)
+        assert all(r.startswith(("no reply within the node timeout", "down")) for r in refused)
+    finally:
+        b_nodes[0].resume()
+        b_nodes[1].resume()
         await mgr.close()
