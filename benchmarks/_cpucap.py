@@ -4,7 +4,11 @@
 ``cap(key, pid)`` puts a process (every thread of it) in the child group ``key``,
 allowed ``pct`` % of one core. The quota is 1 ms per period and the period
 ``100 / pct`` ms (4 % = 1 ms every 25 ms), so a capped process waits at most
-one period, not the 100 ms of the default period. ``close()`` moves the
+one period, not the 100 ms of the default period. The parent group has
+``cpu.shares`` ``SHARES`` (8 times a process's 1024): on a busy machine what
+is in it gets its CPU first, so the capped processes use their whole budget
+and a group made with ``cap(key, pid, quota=False)`` (the client processes)
+runs ahead of others. ``close()`` moves the
 processes still there back to the root group and removes every group it made;
 it runs at exit too (``atexit``), and twice is harmless. Where cgroups are not
 writable, ``create`` returns None and says why.
@@ -24,6 +28,7 @@ __all__ = ["CpuCaps", "Throttling"]
 
 ROOT: Final = Path("/sys/fs/cgroup/cpu")
 _MIN_QUOTA_US: Final = 1000  # the kernel's minimum cfs_quota_us
+SHARES: Final = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +81,25 @@ class CpuCaps:
             return None, f"cgroups not writable ({base}: {exc.strerror or exc})"
         caps = cls(base, pct)
         atexit.register(caps.close)
+        try:
+            (base / "cpu.shares").write_text(str(SHARES))
+        except OSError as exc:
+            caps.close()
+            return None, f"cgroup cpu.shares not writable ({exc.strerror or exc})"
         return caps, f"cgroup-v1 cpu groups under {base}"
 
-    def cap(self, key: str, pid: int) -> None:
-        """Put ``pid`` (all its threads) in group ``key``, made on first use."""
+    def cap(self, key: str, pid: int, *, quota: bool = True) -> None:
+        """Put ``pid`` (all its threads; children it starts later too) in group ``key``,
+        made on first use with the quota (``quota=False``: none, the parent's shares)."""
         group = self._groups.get(key)
         if group is None:
             group = self.base / key
             group.mkdir(exist_ok=True)
             self._groups[key] = group
-            period, quota = period_and_quota(self.pct)
-            (group / "cpu.cfs_period_us").write_text(str(period))
-            (group / "cpu.cfs_quota_us").write_text(str(quota))
+            if quota:
+                period, us = period_and_quota(self.pct)
+                (group / "cpu.cfs_period_us").write_text(str(period))
+                (group / "cpu.cfs_quota_us").write_text(str(us))
         (group / "cgroup.procs").write_text(str(pid))
 
     def throttling(self, key: str) -> Throttling:

@@ -372,7 +372,8 @@ def _setup_text(results: dict[str, Any], args: argparse.Namespace) -> str:
     if results["node_cpu_caps"]:
         return (
             f"Each Redis node had {args.node_cpu_pct:g} % of one core ({results['caps']}); "
-            "the client processes ran on any CPU."
+            "the client processes ran on any CPU, in a cgroup beside the nodes' with "
+            "cpu.shares 8192 (ahead of other work on a busy machine, without a quota)."
         )
     return (
         f"No CPU budget per node ({results['caps']}): every Redis node pinned to CPU 0, "
@@ -467,7 +468,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         f"`{command()}`, {results['when']}; {results['machine']}; load average before the "
         f"run {results['load_before']}, after {results['load_after']}"
-        + (" (a short run)" if args.quick else "")
+        + (" (a short run)" if args.quick or args.seconds < 20 or args.phase < 30 else "")
         + ". "
         + _setup_text(results, args),
         "",
@@ -509,6 +510,8 @@ def main(args: argparse.Namespace) -> None:
                     caps.cap(f"node{i}", node.proc.pid)
                 else:
                     _pin(node)
+            if caps:  # the client processes it starts, ahead of the machine's other work
+                caps.cap("clients", os.getpid(), quota=False)
             results["throughput"] = throughput(nodes, args, caps)
             if caps:
                 caps.close()  # the simulation runs on uncapped nodes
