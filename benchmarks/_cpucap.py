@@ -1,16 +1,16 @@
 """A CPU budget per process: one cgroup-v1 ``cpu`` group each, with a CFS quota.
 
-``CpuCaps.create(pct)`` makes ``/sys/fs/cgroup/cpu/fencegate-bench-<pid>/``;
-``cap(key, pid)`` puts a process (every thread of it) in the child group ``key``,
-allowed ``pct`` % of one core. The quota is 1 ms per period and the period
-``100 / pct`` ms (4 % = 1 ms every 25 ms), so a capped process waits at most
-one period, not the 100 ms of the default period. The parent group has
-``cpu.shares`` ``SHARES`` (8 times a process's 1024): on a busy machine what
-is in it gets its CPU first, so the capped processes use their whole budget
-and a group made with ``cap(key, pid, quota=False)`` (the client processes)
-runs ahead of others. ``close()`` moves the
-processes still there back to the root group and removes every group it made;
-it runs at exit too (``atexit``), and twice is harmless. Where cgroups are not
+``CpuCaps.create()`` makes ``/sys/fs/cgroup/cpu/fencegate-bench-<pid>/``;
+``cap(key, pid, pct)`` puts a process (every thread of it) in the child group
+``key``, allowed ``pct`` % of one core. The quota is 1 ms per period and the
+period ``100 / pct`` ms (4 % = 1 ms every 25 ms; at least 10 ms), so a capped
+process waits at most one period, not the 100 ms of the default period. The
+parent group has ``cpu.shares`` ``SHARES`` (8 times a process's 1024): on a
+busy machine what is in it gets its CPU first, so the capped processes use
+their whole budget and a group made with ``cap(key, pid, None)`` (no quota:
+the client processes) runs ahead of others. ``close()`` moves the processes
+still there back to the root group and removes every group it made; it runs
+at exit too (``atexit``), and twice is harmless. Where cgroups are not
 writable, ``create`` returns None and says why.
 """
 
@@ -55,10 +55,11 @@ class Throttling:
 
 
 def period_and_quota(pct: float) -> tuple[int, int]:
-    """CFS (period, quota) in µs for ``pct`` % of one core: quota 1 ms (more above 100 %)."""
+    """CFS (period, quota) in µs for ``pct`` % of one core: quota 1 ms, or a 10 ms
+    period above 10 %."""
     if not 0 < pct <= 400:
         raise ValueError(f"--node-cpu-pct {pct:g}: use more than 0 and at most 400")
-    period = min(1_000_000, max(1000, round(_MIN_QUOTA_US * 100 / pct)))
+    period = min(1_000_000, max(10_000, round(_MIN_QUOTA_US * 100 / pct)))
     return period, max(_MIN_QUOTA_US, round(period * pct / 100))
 
 
@@ -67,19 +68,18 @@ class CpuCaps:
     """cgroup-v1 ``cpu`` groups, one per key, each with the same quota."""
 
     base: Path
-    pct: float
     _groups: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, pct: float, root: Path = ROOT) -> tuple[CpuCaps | None, str]:
-        """The caps, or None and why not (no cgroup-v1 cpu controller, not writable)."""
-        period_and_quota(pct)  # a bad pct is an error, not a fallback
+    def create(cls, root: Path = ROOT) -> tuple[CpuCaps | None, str]:
+        """The groups' parent, or None and why not (no cgroup-v1 cpu controller, not
+        writable)."""
         base = root / f"fencegate-bench-{os.getpid()}"
         try:
             base.mkdir()
         except OSError as exc:
             return None, f"cgroups not writable ({base}: {exc.strerror or exc})"
-        caps = cls(base, pct)
+        caps = cls(base)
         atexit.register(caps.close)
         try:
             (base / "cpu.shares").write_text(str(SHARES))
@@ -88,16 +88,16 @@ class CpuCaps:
             return None, f"cgroup cpu.shares not writable ({exc.strerror or exc})"
         return caps, f"cgroup-v1 cpu groups under {base}"
 
-    def cap(self, key: str, pid: int, *, quota: bool = True) -> None:
+    def cap(self, key: str, pid: int, pct: float | None) -> None:
         """Put ``pid`` (all its threads; children it starts later too) in group ``key``,
-        made on first use with the quota (``quota=False``: none, the parent's shares)."""
+        made on first use with ``pct`` % of one core (None: no quota, the parent's shares)."""
         group = self._groups.get(key)
         if group is None:
             group = self.base / key
             group.mkdir(exist_ok=True)
             self._groups[key] = group
-            if quota:
-                period, us = period_and_quota(self.pct)
+            if pct is not None:
+                period, us = period_and_quota(pct)
                 (group / "cpu.cfs_period_us").write_text(str(period))
                 (group / "cpu.cfs_quota_us").write_text(str(us))
         (group / "cgroup.procs").write_text(str(pid))

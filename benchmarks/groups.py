@@ -15,8 +15,9 @@ where one group loses nodes.
    were throttled. Where cgroups are not writable (or ``--node-cpu-pct 0``),
    every node is pinned to CPU 0 with ``taskset`` as before, and the report
    says so.
-2. **Simulation**: 3 gateway processes x 2 groups of 3 nodes, nodes not
-   capped; each gateway has ``--sim-workers`` tasks per group, which take
+2. **Simulation**: 3 gateway processes x 2 groups of 3 nodes, all of them
+   (with cgroups) in one group of ``--sim-cpu-pct`` % of a core, ahead of
+   other work; each gateway has ``--sim-workers`` tasks per group, which take
    random names of that group from a set the gateways share (so they
    contend), hold them 1 ms and record when they held which token. Phases:
    all healthy; group b lost a node (still a quorum); group b lost two (no
@@ -52,7 +53,7 @@ from typing import Any
 
 import uvloop
 
-from benchmarks._cpucap import CpuCaps, Throttling
+from benchmarks._cpucap import CpuCaps, Throttling, period_and_quota
 from benchmarks._report import RESULTS, command, write_json
 from lockservice import LockManager, LockServiceError, QuorumUnavailable
 from lockservice.placement import GroupSpec, owner
@@ -431,10 +432,15 @@ def _throughput_lines(results: dict[str, Any], args: argparse.Namespace) -> list
     return lines
 
 
-def _simulation_lines(sim: dict[str, Any], args: argparse.Namespace) -> list[str]:
+def _simulation_lines(sim: dict[str, Any], args: argparse.Namespace, capped: bool) -> list[str]:
     lines = [
         f"## Simulation: 3 gateway processes x 2 groups, {args.sim_workers} workers per "
-        f"group in each, 128 shared names, {args.phase:g} s per phase, nodes not capped",
+        f"group in each, 128 shared names, {args.phase:g} s per phase"
+        + (
+            f"; gateways and nodes share {args.sim_cpu_pct:g} % of a core, ahead of other work"
+            if capped
+            else ""
+        ),
         "",
         "| phase | a grants/s | a acquire p50 / p99 ms | a refused (by reason) "
         "| b grants/s | b acquire p50 / p99 ms | b refused (by reason) |",
@@ -477,7 +483,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         *_throughput_lines(results, args),
         "",
-        *_simulation_lines(results["simulation"], args),
+        *_simulation_lines(results["simulation"], args, results["node_cpu_caps"]),
         "",
     ]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines))
@@ -494,7 +500,8 @@ def main(args: argparse.Namespace) -> None:
     caps: CpuCaps | None = None
     why = "--node-cpu-pct 0"
     if args.node_cpu_pct > 0:
-        caps, why = CpuCaps.create(args.node_cpu_pct)
+        period_and_quota(args.node_cpu_pct)  # a bad value is an error, not a fallback
+        caps, why = CpuCaps.create()
         if caps is None:
             print(f"no CPU budget per node: {why}; pinning every node to CPU {REDIS_CPU}")
     results["node_cpu_caps"] = caps is not None
@@ -507,14 +514,15 @@ def main(args: argparse.Namespace) -> None:
                 node.start()
                 assert node.proc is not None
                 if caps:
-                    caps.cap(f"node{i}", node.proc.pid)
+                    caps.cap(f"node{i}", node.proc.pid, args.node_cpu_pct)
                 else:
                     _pin(node)
             if caps:  # the client processes it starts, ahead of the machine's other work
-                caps.cap("clients", os.getpid(), quota=False)
+                caps.cap("clients", os.getpid(), None)
             results["throughput"] = throughput(nodes, args, caps)
-            if caps:
-                caps.close()  # the simulation runs on uncapped nodes
+            if caps:  # its nodes and gateways: one budget, ahead of other work
+                for pid in [os.getpid(), *(n.proc.pid for n in nodes[:6] if n.proc)]:
+                    caps.cap("simulation", pid, args.sim_cpu_pct)
             results["simulation"] = simulation(nodes[:6], args, pinned=caps is None)
         finally:
             for node in nodes:
@@ -543,6 +551,9 @@ if __name__ == "__main__":
         "--pin-clients", action="store_true", help="clients on the CPUs Redis does not use"
     )
     parser.add_argument("--sim-workers", type=int, default=16, help="tasks per gateway")
+    parser.add_argument(
+        "--sim-cpu-pct", type=float, default=100.0, help="the simulation's CPU, %% of one core"
+    )
     ns = parser.parse_args()
     if ns.quick:  # shorter, unless given
         for key, value in {"seconds": 5.0, "phase": 4.0, "rounds": 1, "sim_workers": 4}.items():
