@@ -46,7 +46,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -228,18 +228,19 @@ def _gateway_child(
 
 
 def _why(exc: QuorumUnavailable) -> str:
-    """The kind of a refusal: every failed node's reason, as a small fixed set."""
-    kinds = set()
+    """The kind of a refusal: every failed node's reason, as a small fixed set, with how
+    many nodes failed so ("node down x2")."""
+    kinds: Counter[str] = Counter()
     for text in exc.node_errors.values():
         if text.startswith("no reply"):
-            kinds.add("node timeout")
+            kinds["node timeout"] += 1
         elif text.startswith("down"):
-            kinds.add("node down")
+            kinds["node down"] += 1
         elif "quarantined" in text or "resynced" in text:
-            kinds.add("resync")
+            kinds["resync"] += 1
         else:
-            kinds.add("other")
-    return "+".join(sorted(kinds)) or "none named"
+            kinds["other"] += 1
+    return "+".join(k + (f" x{n}" if n > 1 else "") for k, n in sorted(kinds.items())) or "none"
 
 
 async def _gateway(
@@ -257,20 +258,24 @@ async def _gateway(
     async def worker(group: str) -> None:
         rng = random.Random()
         mine = [n for n in names if owner(n, ids) == group]  # clients of one group's names
+
+        def phase_now() -> str:  # the phase an outcome came in (not the one its acquire began in)
+            return f"{min(2, int((time.monotonic() - start) // phase))} {group}"
+
         while (now := time.monotonic()) < end:
             name = rng.choice(mine)
-            key = f"{int((now - start) // phase)} {group}"
             try:
                 lease = await mgr.acquire(name, ttl=2.0, wait=2.0)
             except QuorumUnavailable as exc:
+                key = phase_now()
                 counts[f"{key} unavailable"] += 1
                 counts[f"{key} unavailable: {_why(exc)}"] += 1
                 await asyncio.sleep(0.05)  # a client backs off before it retries
                 continue
             except Exception as exc:
-                counts[f"{key} {type(exc).__name__}"] += 1
+                counts[f"{phase_now()} {type(exc).__name__}"] += 1
                 continue
-            held = time.monotonic()
+            held, key = time.monotonic(), phase_now()
             took[key].append(held - now)
             await asyncio.sleep(0.001)
             left = time.monotonic()
