@@ -42,8 +42,10 @@ import multiprocessing
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -502,6 +504,8 @@ def main(args: argparse.Namespace) -> None:
         f"Python {platform.python_version()}, uvloop",
         "load_before": [round(x, 1) for x in os.getloadavg()],
     }
+    # SIGTERM (timeout, kill) ends the run through the finally below, which removes the cgroups
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     caps: CpuCaps | None = None
     why = "--node-cpu-pct 0"
     if args.node_cpu_pct > 0:
