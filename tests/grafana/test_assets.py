@@ -49,7 +49,8 @@ ROW_METRICS = {
     "Safety": {"fencegate_leases_lost_total", "fencegate_fencing_rejections_total"},
     "Storage": {"fencegate_storage_write_duration_seconds", "fencegate_storage_writes_total"},
     "Redis nodes": {"fencegate_redis_node_latency_seconds", "fencegate_redis_node_errors_total",
-                    "fencegate_quorum_failures_total", "fencegate_redis_node_state"},
+                    "fencegate_quorum_failures_total", "fencegate_redis_node_state",
+                    "fencegate_lock_group_can_grant", "fencegate_lock_group_node_errors_total"},
     "HTTP": {"fencegate_http_requests_total", "fencegate_http_request_duration_seconds"},
 }  # fmt: skip
 

@@ -352,9 +352,16 @@ def test_prometheus_scrapes_the_gateway(observed: Observed) -> None:
     assert up[0]["value"][1] == "1"
 
 
+# Series a gateway has only with [locks] groups; the load's gateway has a redis list.
+# tests/gateway/test_readiness.py reads them from /metrics of a gateway with groups.
+GROUPS_ONLY = ("fencegate_lock_group_",)
+
+
 @pytest.mark.parametrize("target", targets(), ids=lambda t: t.id)
 def test_dashboard_expression_returns_data(observed: Observed, target: Target) -> None:
-    result = observed.prometheus.query(target.promql)
+    result = observed.prometheus.query(target.promql)  # a bad query fails here
+    if any(name in target.promql for name in GROUPS_ONLY):
+        return  # no data without groups
     assert result, f"{target.row} / {target.id}: empty vector for {target.promql}"
 
 
