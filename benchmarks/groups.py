@@ -174,8 +174,9 @@ def _row(
     time.sleep(max(0.0, start + args.seconds - time.monotonic()))
     wall = time.perf_counter() - t0
     redis = _redis_cpu(used) - cpu0
-    th = sum((caps.throttling(k) - b for k, b in zip(keys, th0, strict=True)), Throttling())
-    th = th if caps else Throttling()
+    th = Throttling()
+    if caps:
+        th = sum((caps.throttling(k) - b for k, b in zip(keys, th0, strict=True)), th)
     parts = pending.get(timeout=args.seconds + 120)
     cycles = sum(p[0] for p in parts)
     node_cpu = redis / len(used) / wall  # cores busy, per node
