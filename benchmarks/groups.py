@@ -9,7 +9,8 @@ where one group loses nodes.
    one core, a cgroup-v1 ``cpu`` group per node: ``benchmarks/_cpucap.py``),
    as if each node had a small host of its own, so that Redis, not the client
    processes, is the bottleneck even on a busy machine. The rows alternate
-   (1, 2, 3 then 3, 2, 1 groups ...) for ``--rounds`` rounds and the table
+   (1, 2, 3 then 3, 2, 1 groups ...) for ``--rounds`` rounds, each with a
+   control row (1 group with the workers of 3 groups), and the table
    shows medians, the ratio to one group, the client processes' CPU (their
    headroom) and how much of their budget the nodes used and how often they
    were throttled. Where cgroups are not writable (or ``--node-cpu-pct 0``),
@@ -156,7 +157,9 @@ def _row(
     tag: str,
     args: argparse.Namespace,
     caps: CpuCaps | None,
+    workers: int = 0,
 ) -> dict[str, Any]:
+    """One row: ``count`` groups, ``workers`` tasks per client (``--workers`` per group)."""
     for node in nodes:
         node.flushall()
     groups = _groups(nodes, count)
@@ -164,7 +167,7 @@ def _row(
     start = time.monotonic() + WARMUP
     pending = pool.starmap_async(
         _throughput_child,
-        [(groups, args.workers * count, start, args.seconds, f"{tag}/{c}", _cpus(args))
+        [(groups, workers or args.workers * count, start, args.seconds, f"{tag}/{c}", _cpus(args))
          for c in range(args.clients)],
     )  # fmt: skip
     time.sleep(max(0.0, start - time.monotonic()))
@@ -205,10 +208,12 @@ def throughput(
     """Alternating rounds (1, 2, 3 groups, then 3, 2, 1, ...): every row and the medians."""
     ctx = multiprocessing.get_context("spawn")
     runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    control = []  # 1 group with the workers of 3: does one group gain from more clients?
     with ctx.Pool(args.clients) as pool:
         for r in range(args.rounds):
             for count in (1, 2, 3) if r % 2 == 0 else (3, 2, 1):
                 runs[count].append(_row(pool, nodes, count, f"{r}", args, caps))
+            control.append(_row(pool, nodes, 1, f"{r}c", args, caps, workers=3 * args.workers))
     medians = []
     for count in (1, 2, 3):
         rows = runs[count]
@@ -217,7 +222,16 @@ def throughput(
     base = medians[0]["cycles_per_s"] or 1
     for m in medians:
         m["ratio_to_one_group"] = round(m["cycles_per_s"] / base, 2)
-    return {"medians": medians, "rows": {str(k): v for k, v in sorted(runs.items())}}
+    cycles = statistics.median(r["cycles_per_s"] for r in control)
+    return {
+        "medians": medians,
+        "rows": {str(k): v for k, v in sorted(runs.items())},
+        "one_group_3x_workers": {
+            "cycles_per_s": cycles,
+            "ratio_to_one_group": round(cycles / base, 2),
+            "rows": control,
+        },
+    }
 
 
 # ---------------------------------------------------------------- 2. simulation
@@ -421,6 +435,13 @@ def _throughput_lines(results: dict[str, Any], args: argparse.Namespace) -> list
         )
         + "."
     )
+    ctl = results["throughput"]["one_group_3x_workers"]
+    lines += [
+        "",
+        f"Control: 1 group with {3 * args.workers} workers per client process (those of 3 "
+        f"groups): {ctl['cycles_per_s']:,.0f} cycles/s (median), {ctl['ratio_to_one_group']} "
+        "of 1 group with its own workers: what more clients add to one group.",
+    ]
     if capped:
         medians = results["throughput"]["medians"]
         low = min(m["node_cpu_of_budget"] for m in medians)
