@@ -104,7 +104,8 @@ def start_draining(app: web.Application, *, announce: bool = True) -> None:
     state = app[STATE]
     if not state.draining:
         state.draining = True
-        state.drained.set()
+        for cut in list(state.on_drain):
+            cut()
         if announce:
             log.info(
                 "draining: /readyz is 503, waiting acquires and new acquires and writes get "

@@ -1,24 +1,26 @@
-"""The gateway's middlewares, outermost first: metrics, errors, auth, drain.
+"""The gateway's one middleware: its steps, outermost first: metrics, errors, auth, drain.
 
-* ``metrics_middleware`` counts every response, labelled with the route
-  template (``/v1/stores/{store}/{key}``), never the raw path.
-* ``error_middleware`` renders every error as JSON with the status from
-  ``errors.STATUS`` and enforces ``request_timeout_ms``.
-* ``auth_middleware`` checks the bearer key before anything else looks at the
-  request, when ``[[auth.keys]]`` are configured.
-* ``drain_middleware`` refuses new acquires and writes once shutdown began.
+* metrics: every response is counted, labelled with the route template
+  (``/v1/stores/{store}/{key}``), never the raw path.
+* errors: every error is rendered as JSON with the status from
+  ``errors.STATUS``, and ``request_timeout_ms`` is enforced.
+* auth: the bearer key is checked before anything else looks at the request,
+  when ``[[auth.keys]]`` are configured.
+* drain: new acquires and writes are refused once shutdown began, and an
+  acquire that waits for a lock is answered 503 when it begins.
+
+The steps are one middleware and one helper coroutine rather than four
+middlewares: each middleware level costs a coroutine and a call per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Awaitable
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -37,17 +39,14 @@ from gateway.errors import (
     error_headers,
     status_of,
 )
-from gateway.state import API_KEY, CONFIG, METRICS, STATE
+from gateway.state import API_KEY, CONFIG, METRICS, STATE, GatewayState
 from storage_adapters import StoreNotStarted
 
 __all__ = [
     "MIDDLEWARES",
     "OPEN_PATHS",
-    "auth_middleware",
     "authenticate",
-    "drain_middleware",
-    "error_middleware",
-    "metrics_middleware",
+    "gateway_middleware",
     "route_label",
 ]
 
@@ -71,11 +70,16 @@ def route_label(request: web.Request) -> str:
 
 
 @web.middleware
-async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Metrics around errors, the deadline, auth and drain: one middleware, one frame less.
+
+    Every response is counted (the route template, the method, the status); an
+    exception that still escapes is counted 500, a request whose client went away 499.
+    """
     started = time.perf_counter()  # the loop's clock is ms-coarse under uvloop
     status = 500
     try:
-        response = await handler(request)
+        response = await _guarded(request, handler)
         status = response.status
         return response
     except web.HTTPException as exc:
@@ -110,43 +114,59 @@ def _from_http(exc: web.HTTPException, body_limit: int) -> GatewayError:
     return error
 
 
-class _Deadline:
-    """``asyncio.timeout`` for one request at the cost of one loop timer.
+class _Cut:
+    """A cancellation of the request's task for one reason, that can be taken back.
 
-    At ``timeout`` it cancels the request's task; ``stop`` takes that cancellation
-    back and says whether a ``CancelledError`` is the deadline's alone (no other
-    cancellation pending), as ``asyncio.timeout`` decides it, whose Python
-    context manager costs several times the timer.
+    ``asyncio.timeout`` for one request at the cost of one loop timer (``at``
+    seconds), and the drain's cut of a waiting acquire at no cost until it fires.
+    Calling it cancels the task; ``take_back`` (once) says whether a
+    ``CancelledError`` is this cut's alone (no other cancellation pending), as
+    ``asyncio.timeout`` decides it, whose Python context manager costs several
+    times the timer.
     """
 
-    __slots__ = ("_cancelling", "_handle", "_task", "expired")
+    __slots__ = ("_cancelling", "_handle", "_taken", "_task", "fired")
 
-    def __init__(self, timeout: float) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def __init__(self, task: asyncio.Task[Any], at: float | None = None) -> None:
         self._task = task
         self._cancelling = task.cancelling()
-        self.expired = False
-        self._handle = asyncio.get_running_loop().call_later(timeout, self._expire)
+        self.fired = self._taken = False
+        self._handle = None if at is None else asyncio.get_running_loop().call_later(at, self)
 
-    def _expire(self) -> None:
-        self.expired = True
-        self._task.cancel()
+    def __call__(self) -> None:
+        if not self.fired:
+            self.fired = True
+            self._task.cancel()
 
-    def stop(self) -> bool:
-        """Stop the timer; True if it fired and its cancellation is the only one."""
-        self._handle.cancel()
-        return self.expired and self._task.uncancel() <= self._cancelling
+    def take_back(self) -> bool:
+        """Stop the timer; True if the cut fired and its cancellation is the only one."""
+        if self._handle is not None:
+            self._handle.cancel()
+        if not self.fired or self._taken:
+            return False
+        self._taken = True
+        return self._task.uncancel() <= self._cancelling
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    config = request.app[CONFIG]
-    timeout = config.request_timeout
-    deadline = _Deadline(timeout)
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Render every error as JSON; enforce ``request_timeout_ms``, auth and drain."""
+    app = request.app
+    config = app[CONFIG]
+    task = asyncio.current_task()
+    assert task is not None
+    deadline = _Cut(task, config.request_timeout)
     cut_off = False
     try:
         try:
+            if config.auth_keys and request.path.startswith("/v1/"):
+                _authenticate_request(request, config.auth_keys)
+            route = request.match_info.route.name
+            if route in _WRITES:
+                state = app[STATE]
+                if state.draining:
+                    raise ShuttingDown("the gateway is shutting down; retry on another replica")
+                if route in _ACQUIRES:
+                    return await _unless_drained(state, task, handler, request)
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -154,17 +174,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             err = _from_http(exc, config.max_body_bytes)
             return _json_error(err, exc.status)
         finally:
-            cut_off = deadline.stop()
+            cut_off = deadline.take_back()
     except asyncio.CancelledError as exc:
         if not cut_off:
             raise
         cause: Exception = TimeoutError(str(exc))
     except Exception as exc:
-        if not deadline.expired:
+        if not deadline.fired:
             return _render(request, exc)
         cause = exc
     # Cut off by the deadline: whatever came out of the cancelled call (the cancellation,
     # or a driver error raised while it was being cancelled) is a consequence.
+    timeout = config.request_timeout
     log.warning(
         "%s %s cut off by request_timeout_ms: %r", request.method, route_label(request), cause
     )
@@ -238,60 +259,44 @@ def _authorize(key: ApiKey, request: web.Request) -> None:
         raise Forbidden(f"key {key.name!r} {what}")
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    keys = request.app[CONFIG].auth_keys
-    if keys and request.path.startswith("/v1/") and request.path not in OPEN_PATHS:
+def _authenticate_request(request: web.Request, keys: tuple[ApiKey, ...]) -> None:
+    """Check the bearer key of a ``/v1`` request (but ``OPEN_PATHS``) before anything else."""
+    if request.path not in OPEN_PATHS:
         key = authenticate(request.headers.get("Authorization"), keys)
         _authorize(key, request)
         request[API_KEY] = key  # scopes an Idempotency-Key to the key that sent it
-    return await handler(request)
-
-
-@web.middleware
-async def drain_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    state = request.app[STATE]
-    route = request.match_info.route.name
-    if state.draining and route in _WRITES:
-        raise ShuttingDown("the gateway is shutting down; retry on another replica")
-    if route in _ACQUIRES:
-        return await _unless_drained(state.drained, handler(request))
-    return await handler(request)
 
 
 async def _unless_drained(
-    drained: asyncio.Event, call: Awaitable[web.StreamResponse]
+    state: GatewayState, task: asyncio.Task[Any], handler: Handler, request: web.Request
 ) -> web.StreamResponse:
-    """``call``'s answer, or 503 ``shutting_down`` if draining starts while it runs.
+    """``handler``'s answer, or 503 ``shutting_down`` if draining starts while it runs.
 
     An acquire may wait up to ``max_wait_ms``: far longer than a shutdown may take.
-    Cancelling it runs the lock service's cleanup (no partial grant is left), and
-    the waiter gets an HTTP answer it can act on instead of a closed connection.
+    Draining cancels it (in this task: no task of its own), which runs the lock
+    service's cleanup (no partial grant is left), and the waiter gets an HTTP answer
+    it can act on instead of a closed connection. A grant that the cancellation came
+    too late for stands.
     """
-    task = asyncio.ensure_future(call)
-    woken = asyncio.ensure_future(drained.wait())
+    drain = _Cut(task)
+    state.on_drain.add(drain)
     try:
-        await asyncio.wait((task, woken), return_when=asyncio.FIRST_COMPLETED)
+        # One loop turn before the handler runs (as when it ran in a task of its own):
+        # a client that closed right after its request is seen gone then, and its
+        # body read fails (499) before a lock is taken for nobody.
+        await asyncio.sleep(0)
+        return await handler(request)
     except asyncio.CancelledError:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        state.on_drain.discard(drain)
+        if drain.take_back():
+            raise ShuttingDown(
+                "the gateway is shutting down and stopped waiting for the lock; "
+                "retry on another replica"
+            ) from None
         raise
     finally:
-        woken.cancel()
-    if not task.done():
-        task.cancel()
-        try:
-            return await task  # granted while being cancelled: the grant stands
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-        raise ShuttingDown(
-            "the gateway is shutting down and stopped waiting for the lock; "
-            "retry on another replica"
-        )
-    return task.result()
+        state.on_drain.discard(drain)
+        drain.take_back()  # a cut that came too late: the grant stands
 
 
-MIDDLEWARES: Final = (metrics_middleware, error_middleware, auth_middleware, drain_middleware)
+MIDDLEWARES: Final = (gateway_middleware,)

@@ -7,8 +7,8 @@ ever answers "yes, issued" for a token at or below a counter Redis returned.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -82,8 +82,8 @@ class GatewayState:
         self.shared = shared
         """The server's shared directory, for a worker of several (``gateway/shared.py``)."""
         self.draining = False
-        self.drained = asyncio.Event()
-        """Set with ``draining``: wakes acquires that wait, so they answer 503 at once."""
+        self.on_drain: set[Callable[[], None]] = set()
+        """Called once ``draining`` is set: cuts acquires that wait, so they answer 503 at once."""
         self.issued = IssuedCache(issued_cache_size)
 
 
