@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import os
 import signal
@@ -164,6 +165,7 @@ async def _serve_until_signal(
             log.info("metrics on http://%s/metrics", _address(runners[1].addresses[0]))
         if worker is not None:
             worker.shared.mark_ready(os.getpid())
+        _freeze_startup_objects()
         await signals.next()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.shutdown_timeout
@@ -202,6 +204,14 @@ async def _cleanup(runners: list[web.AppRunner], deadline: float | None) -> None
                 raise
             log.warning("shutdown_timeout_ms reached: exiting without finishing the shutdown")
             runners.clear()
+
+
+def _freeze_startup_objects() -> None:
+    """Keep what start-up allocated (modules, config, routes, metrics) out of every
+    later garbage collection: a full collection then walks what requests left, not
+    the whole process. Start-up objects live as long as the process anyway."""
+    gc.collect()
+    gc.freeze()
 
 
 def _address(address: Any) -> str:
