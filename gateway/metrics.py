@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -123,6 +124,40 @@ _HTTP_BUCKETS: Final = (
 )  # fmt: skip
 
 
+def _inc(child: Any) -> Callable[[float], None]:
+    """``child.inc`` (a Counter's labelled child) without its per-call checks."""
+    value = getattr(child, "_value", None)
+    return value.inc if value is not None else child.inc  # type: ignore[no-any-return]
+
+
+class _Observe:
+    """``child.observe`` (a Histogram's labelled child) without its per-call checks.
+
+    The same counts as prometheus-client's ``observe``: the sum, and the first
+    bucket whose bound is >= the value (found by bisection, not a scan of every
+    bound). Durations only: never NaN. Falls back to ``observe`` on a
+    prometheus-client that keeps its values elsewhere.
+    """
+
+    __slots__ = ("_bounds", "_buckets", "_sum", "observe")
+
+    def __init__(self, child: Any) -> None:
+        bounds = getattr(child, "_upper_bounds", None)
+        buckets = getattr(child, "_buckets", None)
+        total = getattr(child, "_sum", None)
+        if bounds is None or buckets is None or total is None:
+            self.observe: Callable[[float], None] = child.observe
+            return
+        self._bounds = tuple(bounds)
+        self._buckets = tuple(bucket.inc for bucket in buckets)
+        self._sum = total.inc
+        self.observe = self._observe
+
+    def _observe(self, amount: float) -> None:
+        self._sum(amount)
+        self._buckets[bisect_left(self._bounds, amount)](1)
+
+
 class LeaseTracker:
     """Leases granted through this replica: when, and until when (bounded, thread-safe).
 
@@ -194,16 +229,15 @@ class Metrics:
     _groups_of: dict[str, str] = field(default_factory=dict)
     _group_nodes: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
     _states: dict[str, str] = field(default_factory=dict)
-    # labelled children by (metric, labels): .labels() costs more than the update itself
-    _children: dict[tuple[object, tuple[str, ...]], Any] = field(default_factory=dict)
+    # What each hook updates, by its labels: .labels() and the checks of inc() and
+    # observe() cost more than the update itself, and some hooks run several times a
+    # request (node_call: once per Redis node and command).
+    _acquires: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    _nodes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    _releases: dict[str, Any] = field(default_factory=dict)
+    _writes: dict[tuple[str, bool], tuple[Any, Any]] = field(default_factory=dict)
     _requests: dict[tuple[str, str, int], tuple[Any, Any]] = field(default_factory=dict)
-
-    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
-        key = (metric, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+    _hold: list[Any] = field(default_factory=list)
 
     @classmethod
     def for_config(cls, registry: CollectorRegistry, config: Config) -> Metrics:
@@ -418,17 +452,28 @@ class Metrics:
 
     # lockservice.LockEvents
     def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
-        self._child(self.lock_acquisitions, result).inc()
-        self._child(self.acquire_wait, result).observe(wait_seconds)
-        self._child(self.kind_acquisitions, kind, result).inc()
-        self._child(self.kind_acquire_wait, kind, result).observe(wait_seconds)
+        update = self._acquires.get((result, kind))
+        if update is None:
+            update = self._acquires[result, kind] = (
+                _inc(self.lock_acquisitions.labels(result)),
+                _Observe(self.acquire_wait.labels(result)).observe,
+                _inc(self.kind_acquisitions.labels(kind, result)),
+                _Observe(self.kind_acquire_wait.labels(kind, result)).observe,
+            )
+        update[0](1)
+        update[1](wait_seconds)
+        update[2](1)
+        update[3](wait_seconds)
 
     def waiting(self, delta: int, *, kind: str = "exclusive") -> None:
         self.waiters.inc(delta)
 
     def released(self, hold_seconds: float, result: str) -> None:
         # hold_seconds is not known to the lock service for HTTP leases: see lease_ended.
-        self._child(self.releases, result).inc()
+        inc = self._releases.get(result)
+        if inc is None:
+            inc = self._releases[result] = _inc(self.releases.labels(result))
+        inc(1)
 
     def renewed(self, result: str) -> None:
         self.renewals.labels(result).inc()
@@ -437,12 +482,18 @@ class Metrics:
         self.leases_lost.labels(reason).inc()
 
     def node_call(self, node: str, seconds: float, ok: bool) -> None:
-        self._child(self.node_latency, node).observe(seconds)
+        update = self._nodes.get(node)
+        if update is None:
+            update = self._nodes[node] = (
+                _Observe(self.node_latency.labels(node)).observe,
+                _inc(self.node_errors.labels(node)),
+            )
+        update[0](seconds)
         if not ok:
-            self._child(self.node_errors, node).inc()
+            update[1](1)
             group = self._groups_of.get(node)
             if group is not None:
-                self._child(self.group_node_errors, group).inc()
+                self.group_node_errors.labels(group).inc()  # rare: no cache
 
     def quorum_failed(self, operation: str) -> None:
         self.quorum_failures.labels(operation).inc()
@@ -460,8 +511,14 @@ class Metrics:
 
     # storage_adapters.StoreHooks
     def write_done(self, store: str, seconds: float, ok: bool) -> None:
-        self._child(self.storage_writes, store, "ok" if ok else "failed").inc()
-        self._child(self.storage_write_latency, store).observe(seconds)
+        update = self._writes.get((store, ok))
+        if update is None:
+            update = self._writes[store, ok] = (
+                _inc(self.storage_writes.labels(store, "ok" if ok else "failed")),
+                _Observe(self.storage_write_latency.labels(store)).observe,
+            )
+        update[0](1)
+        update[1](seconds)
 
     def rejected(self, store: str, reason: str) -> None:
         self.fencing_rejections.labels(store, reason).inc()
@@ -476,18 +533,20 @@ class Metrics:
     def lease_ended(self, lease_id: str) -> None:
         held = self.leases.ended(lease_id)
         if held is not None:
-            self.hold_time.observe(held)
+            if not self._hold:
+                self._hold.append(_Observe(self.hold_time).observe)
+            self._hold[0](held)
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
         pair = self._requests.get(key)
         if pair is None:  # one lookup a request for both children
             pair = self._requests[key] = (
-                self.http_requests.labels(route, method, str(status)),
-                self.http_latency.labels(route, method),
+                _inc(self.http_requests.labels(route, method, str(status))),
+                _Observe(self.http_latency.labels(route, method)).observe,
             )
-        pair[0].inc()
-        pair[1].observe(seconds)
+        pair[0](1)
+        pair[1](seconds)
 
 
 def node_groups(config: Config) -> dict[str, tuple[str, ...]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -221,6 +222,49 @@ def test_each_hook_moves_its_metric_by_one(event: str, sample: str, labels: dict
     before = value(registry, sample, **labels)
     call(metrics)
     assert value(registry, sample, **labels) == before + 1
+
+
+def _bucket_samples(registry: CollectorRegistry, name: str) -> dict[tuple[Any, ...], float]:
+    return {
+        (s.name, *sorted(s.labels.items())): s.value
+        for family in registry.collect()
+        if family.name == name
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+# Each histogram hook: the Metrics field it observes, a call with a value, the labels.
+HISTOGRAM_HOOKS: list[tuple[str, Callable[[Metrics, float], None], tuple[str, ...]]] = [
+    ("acquire_wait", lambda m, v: m.acquire_done("granted", v, kind="shared"), ("granted",)),
+    ("kind_acquire_wait", lambda m, v: m.acquire_done("granted", v, kind="shared"),
+     ("shared", "granted")),
+    ("node_latency", lambda m, v: m.node_call("127.0.0.1:7101", v, True), ("127.0.0.1:7101",)),
+    ("storage_write_latency", lambda m, v: m.write_done("kv", v, True), ("kv",)),
+    ("http_latency", lambda m, v: m.request_done("/v1/locks/{name}", "POST", 200, v),
+     ("/v1/locks/{name}", "POST")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "call", "labels"), HISTOGRAM_HOOKS)
+def test_each_histogram_hook_counts_as_prometheus_observe_does(
+    field: str, call: Callable[[Metrics, float], None], labels: tuple[str, ...]
+) -> None:
+    """The hooks skip observe()'s checks and bisect the bounds: the same buckets and sum,
+    on a bound (le is inclusive), between bounds, below the first and above the last."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    mine, reference = Metrics.create(ours), Metrics.create(theirs)
+    histogram = getattr(reference, field)
+    bounds = [b for b in histogram._upper_bounds if b != float("inf")]
+    amounts = [0.0, bounds[0] / 2, *bounds, *((a + b) / 2 for a, b in itertools.pairwise(bounds))]
+    amounts += [bounds[-1] * 2, 1e9]
+    for amount in amounts:
+        call(mine, amount)
+        histogram.labels(*labels).observe(amount)
+    name = histogram._name
+    assert _bucket_samples(ours, name) == _bucket_samples(theirs, name)
+    by_name = dict(zip(histogram._labelnames, labels, strict=True))
+    assert value(ours, f"{name}_count", **by_name) == len(amounts)
 
 
 def test_node_state_is_one_for_the_current_state_only() -> None:
