@@ -55,7 +55,8 @@ async def _json_object(request: web.Request, fields: set[str]) -> dict[str, Any]
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        # json.loads(raw, parse_constant=...) without a new decoder per call
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -68,6 +69,9 @@ async def _json_object(request: web.Request, fields: set[str]) -> dict[str, Any]
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a number in JSON")
+
+
+_DECODER: Final = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def _ms(body: Mapping[str, Any], field: str, default: float, low: float, high: float) -> float:
@@ -154,8 +158,8 @@ def _granted(
     request: web.Request, name: str, lease: Lease, ttl: float, extra: Mapping[str, object]
 ) -> web.Response:
     """Count the grant and reply with the lease (and the kind's own ``extra`` fields)."""
-    request.app[METRICS].lease_granted(lease.lease_id, lease.remaining())
     valid = lease.remaining()
+    request.app[METRICS].lease_granted(lease.lease_id, valid)
     return web.json_response(
         {
             "name": name,
