@@ -226,15 +226,36 @@ class Redlock:
             node.call(scripts.EXTEND, extend_keys(name), (lease_id, int(ttl * 1000)))
             for node in self.nodes
         ]
-        decided = self._rounds.decider(_positive, need)
+        n, q = len(self.nodes), self.quorum
+
+        def decided(replies: Sequence[int | Failure | None]) -> bool:
+            tokens = [r for r in replies if isinstance(r, int) and r > 0]
+            if len(tokens) >= need and _agreed(tokens, q):
+                return True
+            return sum(r == 0 for r in replies) > n - need or None not in replies
+
         rnd = await self._rounds.run(futures, parse_count, decided)
         tokens = [r for r in rnd.replies if isinstance(r, int) and r > 0]
         if len(tokens) >= need:
-            # The decided token is on a quorum of nodes (all grants agreed, or round
-            # 2 wrote it: R4) and every quorum meets that one; the rest hold a lower
-            # token of the same lease (a round-1 grant round 2 did not reach), so the
-            # largest is the decided one. A most-common vote is not: S4, R26.
-            return start + ttl - drift(ttl), max(tokens)
+            # R26: the token Q nodes hold is the decided one: it is on a quorum (all
+            # grants agreed, or round 2 wrote it: R4) and only the other N - Q < Q
+            # nodes may hold another (a lower round-1 grant round 2 missed, or a
+            # grant after the decision, higher until R16 settles it). Neither the
+            # largest nor a most-common vote of fewer nodes is (S4).
+            token = _agreed(tokens, q)
+            if token:
+                for i, reply in enumerate(rnd.replies):
+                    if isinstance(reply, int) and reply > 0 and reply != token:
+                        self._cleanups.settle_late(i, name, lease_id, token, reply)  # R16
+                return start + ttl - drift(ttl), token
+            # Extended, but the nodes that answered do not show the token (one that
+            # holds it did not answer): the caller keeps the lease's old validity,
+            # which is safe (the nodes hold it longer), and retries.
+            errors = rnd.errors(_positive)
+            errors.update({self._labels[i]: f"holds token {r}" for i, r in enumerate(rnd.replies)
+                           if isinstance(r, int) and r > 0})  # fmt: skip
+            errors["token"] = f"fewer than {q} of the nodes that answered agree on it"
+            raise QuorumUnavailable(name, errors, q, n)
         if rnd.count(_zero) > len(self.nodes) - need:
             raise LeaseLost(name, "it expired or another lease holds it")
         raise self._rounds.unavailable(name, rnd, _positive, need)
@@ -303,6 +324,12 @@ class Redlock:
         need = f"{self.quorum} needed ({n} for a semaphore)"
         reason = f"{able} of {n} nodes can grant, {need}: {causes}"
         return Readiness(False, reason, retry)
+
+
+def _agreed(tokens: Sequence[int], quorum: int) -> int:
+    """The token ``quorum`` of ``tokens`` agree on, or 0."""
+    token, votes = Counter(tokens).most_common(1)[0]
+    return token if votes >= quorum else 0
 
 
 def _is_tagged(reply: object) -> bool:

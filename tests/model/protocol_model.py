@@ -214,8 +214,15 @@ class Model(Repeats):
         ok = sum(isinstance(r, int) and r > 0 for r in cl.replies)
         need = self._need(c)
         if ok >= need:
-            if cl.held is not None:  # R26: extend answers the largest token of a quorum
-                s = self._extended(s, c, max(r for r in cl.replies if isinstance(r, int)))
+            tokens = [r for r in cl.replies if isinstance(r, int) and r > 0]
+            token = next((t for t in tokens if tokens.count(t) >= self.q), 0)
+            if not token:  # no Q nodes agree on the token: QuorumUnavailable, as it was
+                return self._client(s, c, phase="holding")
+            if cl.held is not None:  # R26: extend answers the token Q nodes hold
+                s = self._extended(s, c, token)
+                for n, r in enumerate(cl.replies):
+                    if isinstance(r, int) and r > 0 and r != token:
+                        s = self._settle_late(s, c, n, r)  # R16, as Redlock.extend
             return self._client(s, c, phase="holding", valid_until=cl.start + self.cut)
         if sum(r == 0 for r in cl.replies) > self.n - need:
             return self._client(s, c, phase="idle")  # LeaseLost: the holder stops
@@ -243,9 +250,13 @@ class Model(Repeats):
             ok = sum(answers_find(x) for x in r)
         elif cl.phase == "committing":
             ok = sum(x == 1 for x in r)
+        elif cl.phase == "extending":  # Redlock.extend: Q of the acks agree on a token
+            tokens = [x for x in r if isinstance(x, int) and x > 0]
+            if len(tokens) >= q and any(tokens.count(t) >= self.q for t in tokens):
+                return True
+            return sum(x == 0 for x in r) > self.n - q or None not in r
         else:
-            least = cl.token if cl.phase == "raising" else 1
-            ok = sum(isinstance(x, int) and x >= least for x in r)
+            ok = sum(isinstance(x, int) and x >= cl.token for x in r)
         bad = sum(x is not None for x in r) - ok
         return ok >= q or bad > self.n - q or None not in r
 
