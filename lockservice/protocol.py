@@ -184,8 +184,11 @@ R26 An idempotency tag (a digest of the key and of the kind, ``lease.
     lock's last drift(ttl), past the lease's validity, the repeat waits the lock
     out and acquires afresh; a try that finds it answers it instead of granting
     or queueing (acquire.lua, ``acquire.found_lease``, ``idempotency``,
-    ``memory.commit``). extend answers the largest token of a quorum: the
-    decided token is on a quorum (R4) and every quorum meets it.
+    ``memory.commit``). extend answers the token Q nodes hold: the decided one
+    is on a quorum (R4), other tokens of the lease (a round-1 grant round 2
+    missed, a grant after the decision, R16) on fewer; it writes that token
+    where another answered (R16), and answers none while fewer than Q of the
+    nodes that answered agree (``redlock.extend``).
                                                            [one lease per key]
 Redlock groups (``[locks] groups``; not the holder groups of R22): names spread
 over independent Redlock groups, and changes of the groups while gateways run.
@@ -337,12 +340,11 @@ R26 test_kinds: a_repeated_acquire_with_its_key_returns_the_same_lease,
     idempotency_digests_go_with_their_leases; test_protocol: a_repeat_answers_the_
     decided_token_not_a_vote_of_the_nodes; faults/test_idempotent_acquire:
     a_repeat_never_returns_a_grant_its_owner_then_gives_up, extend_returns_the_
-    decided_token_when_round_2_missed_a_node; model: without_the_rule (R26: the
-    tag stored at the grant, a repeat returns a grant its owner then gives up),
-    one_lease_per_key_holds_for_repeats_through_two_gateways (find, the commit
-    after the decision, the give-up). Open: an extend can answer the token of a
-    hand-over granted after the decision, above the decided one (model:
-    an_extend_answers_the_decided_token, xfail; tests/model/README.md).
+    decided_token_when_round_2_missed_a_node; faults/test_extend_token (all);
+    model: without_the_rule (R26: the tag stored at the grant, a repeat returns
+    a grant its owner then gives up), one_lease_per_key_holds_for_repeats_
+    through_two_gateways (find, the commit after the decision, the give-up),
+    an_extend_answers_the_decided_token (a late hand-over's token, higher).
 R27 lockservice/test_groups: placement_is_stable_and_even, names_of_a_group_
     keep_their_group_when_others_come_and_go; faults/test_groups:
     a_group_that_loses_its_quorum_leaves_the_other_groups_names_alone

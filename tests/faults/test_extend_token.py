@@ -51,7 +51,8 @@ async def test_an_extend_during_a_late_hand_over_answers_the_decided_token(
     keys = lock_keys(name)
     other = node1.eval(scripts.ACQUIRE.source, len(keys), *keys,
                        OTHER, 10_000, "", 3_000, run_id, PROC)  # fmt: skip
-    assert isinstance(other, list) and other[0] > 0, other
+    assert isinstance(other, list), other
+    assert other[0] > 0, other
     lease = await mgr.acquire(name, ttl=10.0, wait=5.0)  # granted by nodes 0 and 2
     assert _value(own_redis3[1], name) == f"{OTHER}:{other[0]}".encode()
     # The other lease's release hands node 1 over to the lease (sync: the loop of
@@ -59,7 +60,8 @@ async def test_an_extend_during_a_late_hand_over_answers_the_decided_token(
     args = release_args(OTHER, name, PROC, run_id)
     assert node1.eval(scripts.RELEASE.source, len(keys), *keys, *args) == 1
     late = _value(own_redis3[1], name)
-    assert late is not None and late.startswith(lease.lease_id.encode())
+    assert late is not None
+    assert late.startswith(lease.lease_id.encode())
     assert int(late.split(b":")[1]) > lease.token  # a late grant, above the decided token
     own_redis3[2].pause()  # node 2 answers last
     asyncio.get_running_loop().call_later(0.1, own_redis3[2].resume)

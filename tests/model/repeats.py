@@ -79,7 +79,7 @@ class Repeats:
         )  # fmt: skip
 
     def _extended(self, s: State, c: int, token: int) -> State:
-        """The token an extend of a keyed lease answers (the largest of a quorum) is the
+        """The token an extend of a keyed lease answers (the one Q nodes hold) is the
         one its owner decided: what a handle of the lease learns from it."""
         held = s.clients[c].held
         assert held is not None

@@ -239,10 +239,10 @@ def test_one_lease_per_key_holds_for_repeats_through_two_gateways(name: str) -> 
     assert result.states > 15_000  # the bounds are not trivial
 
 
-# An extend of a keyed lease (R26: the largest token of a quorum, what an HTTP renew of
-# a handle answers) while a node grants the decided lease late by a hand-over (it was
+# An extend of a keyed lease (R26: the token Q nodes hold, what an HTTP renew of a
+# handle answers) while a node grants the decided lease late by a hand-over (it was
 # still queued there) and the hand-over message, whose arrival starts R16's settle, has
-# not arrived: see README.md of this folder, "Open".
+# not arrived: see README.md of this folder, "An extend answers the decided token".
 EXTEND = Bounds(keyed=2, extends=1, max_time=0, faults=0, reorders=1, tries=1)
 
 
