@@ -234,7 +234,13 @@ class Redlock:
                 return True
             return sum(r == 0 for r in replies) > n - need or None not in replies
 
-        rnd = await self._rounds.run(futures, parse_count, decided)
+        agreed = [0]  # once known: R16 for every node that answers another token
+
+        def settle(i: int, reply: int | Failure) -> None:
+            if agreed[0] and isinstance(reply, int) and 0 < reply != agreed[0]:
+                self._cleanups.settle_late(i, name, lease_id, agreed[0], reply)
+
+        rnd = await self._rounds.run(futures, parse_count, decided, settle)
         tokens = [r for r in rnd.replies if isinstance(r, int) and r > 0]
         if len(tokens) >= need:
             # R26: the token Q nodes hold is the decided one: it is on a quorum (all
@@ -242,11 +248,11 @@ class Redlock:
             # nodes may hold another (a lower round-1 grant round 2 missed, or a
             # grant after the decision, higher until R16 settles it). Neither the
             # largest nor a most-common vote of fewer nodes is (S4).
-            token = _agreed(tokens, q)
+            token = agreed[0] = _agreed(tokens, q)
             if token:
-                for i, reply in enumerate(rnd.replies):
-                    if isinstance(reply, int) and reply > 0 and reply != token:
-                        self._cleanups.settle_late(i, name, lease_id, token, reply)  # R16
+                for i, reply in enumerate(rnd.replies):  # later answers: settle
+                    if reply is not None:
+                        settle(i, reply)
                 return start + ttl - drift(ttl), token
             # Extended, but the nodes that answered do not show the token (one that
             # holds it did not answer): the caller keeps the lease's old validity,
