@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["RedisNode", "free_port"]
@@ -21,11 +23,49 @@ __all__ = ["RedisNode", "free_port"]
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _own_ports() -> Iterator[int]:
+    """This process's share of the ports below the kernel's ephemeral range, in turn.
+
+    A port handed out here is bound later (by a server process that takes a second to
+    start): below the ephemeral range, no outgoing connection and no ``bind(0)`` can
+    take it meanwhile, and each pytest-xdist worker draws from a slice of its own.
+    """
+    low, high = 20000, max(_ephemeral_low(), 20000 + 1000)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = (high - low) // max(workers, 1)
+    first = low + size * (worker % max(workers, 1))
+    start = random.randrange(size)  # other test runs on this machine start elsewhere
+    while True:
+        for i in range(size):
+            yield first + (start + i) % size
+
+
+_PORTS = _own_ports()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now (see ``_own_ports``)."""
+    for _ in range(1000):
+        port = next(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+class PortTaken(RuntimeError):
+    """redis-server could not listen: something else took its port."""
 
 
 class RedisNode:
@@ -36,6 +76,7 @@ class RedisNode:
         self.port = free_port()
         self.persist = persist
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -43,6 +84,18 @@ class RedisNode:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        for attempt in range(3):
+            try:
+                self._start()
+                break
+            except PortTaken:
+                if self._started or attempt == 2:  # a restart keeps its address: tests rely on it
+                    raise
+                # Another process (a parallel test worker) took the free port first.
+                self.port = free_port()
+        self._started = True
+
+    def _start(self) -> None:
         args = [
             REDIS_SERVER,
             "--port", str(self.port),
@@ -63,11 +116,13 @@ class RedisNode:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 log = (self.workdir / "redis.log").read_text(errors="replace")
-                raise RuntimeError(f"redis-server on port {self.port} exited:\n{log[-2000:]}")
+                error = PortTaken if "Address already in use" in log[-500:] else RuntimeError
+                raise error(f"redis-server on port {self.port} exited:\n{log[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
+                    # ours, not a server of another test worker that took the port first
+                    sock.sendall(b"INFO server\r\n")
+                    if f"process_id:{self.proc.pid}\r\n".encode() in sock.recv(1 << 16):
                         return
             except OSError:
                 pass
