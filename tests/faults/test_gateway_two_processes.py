@@ -122,6 +122,11 @@ class GatewayProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
 
+    def terminate(self) -> None:
+        """SIGTERM (drain and close) without waiting."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM (drain and close), SIGKILL after 10 s."""
         if self.proc is None or self.proc.poll() is not None:
@@ -138,13 +143,20 @@ class GatewayProcess:
 
 @contextlib.contextmanager
 def gateways(workdir: Path, raw: dict[str, Any], count: int) -> Iterator[list[GatewayProcess]]:
-    """``count`` gateway processes with one config (each its own port), stopped afterwards."""
+    """``count`` gateway processes with one config (each its own port), stopped afterwards.
+
+    Unless ``raw`` says otherwise they close at once on SIGTERM (``shutdown_grace_ms = 0``:
+    no load balancer to tell), and they are stopped together, not one after another.
+    """
+    raw = {"shutdown_grace_ms": 0, **raw}
     procs = [GatewayProcess(workdir / f"gw{i}", raw) for i in range(count)]
     try:
         for proc in procs:
             proc.start()
         yield procs
     finally:
+        for proc in procs:
+            proc.terminate()
         for proc in procs:
             proc.stop()
 
