@@ -83,6 +83,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subp
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
