@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -91,11 +92,32 @@ async def create_mysql_accounts(dsn: str) -> None:
         conn.close()
 
 
+# the storage fixtures each kind needs: only those are set up for its tests
+NEEDS: dict[str, tuple[str, ...]] = {
+    "postgres": ("pg_dsn", "pg_schema"),
+    "postgres_legacy": ("pg_dsn", "pg_schema"),
+    "mysql": ("mysql_dsn",),
+    "mysql_legacy": ("mysql_dsn",),
+    "files": (),
+}
+
+
 @pytest.fixture(params=KINDS)
-async def backend(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, pg_schema: str, mysql_dsn: str
-) -> Backend:
-    kind: str = request.param
+def store_kind(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """A kind of store and the storage fixtures it needs (resolved here, outside the loop)."""
+    name: str = request.param
+    return name, {fixture: request.getfixturevalue(fixture) for fixture in NEEDS[name]}
+
+
+@pytest.fixture
+async def backend(store_kind: tuple[str, dict[str, Any]], tmp_path: Path) -> Backend:
+    kind_name, storage = store_kind
+    return await _backend(kind_name, storage, tmp_path)
+
+
+async def _backend(kind: str, storage: dict[str, Any], tmp_path: Path) -> Backend:
+    pg_dsn, pg_schema = storage.get("pg_dsn", ""), storage.get("pg_schema", "")
+    mysql_dsn = storage.get("mysql_dsn", "")
     if kind == "mysql":
 
         def make_mysql(hooks: StoreHooks = NO_HOOKS) -> FencedStore:
