@@ -127,6 +127,17 @@ async def mysql_connect(dsn: str) -> Any:
     )  # fmt: skip
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), keep the tests of a module that uses a
+    module-scoped fixture (a server started once for the module) on one worker, so that
+    the fixture starts once, not once per worker."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope == "module" for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(autouse=True)
 def _no_lock_protocol_bug(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """Every test fails if an acquire moved between states protocol.py does not allow."""
