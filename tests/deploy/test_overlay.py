@@ -24,6 +24,9 @@ from tests.deploy._manifests import (
 from tests.deploy.test_schemas import errors
 from tests.docs._blocks import blocks
 
+# on one test worker: the CRD models take seconds to import (crd_errors), once is enough
+pytestmark = pytest.mark.xdist_group("crd_models")
+
 OVERLAY_CONFIG = """\
 listen = "0.0.0.0:8080"
 

@@ -24,6 +24,8 @@ from tests.deploy._manifests import (
     render,
 )
 
+# on one test worker: the CRD models take seconds to import (crd_errors), once is enough
+pytestmark = pytest.mark.xdist_group("crd_models")
 CRD_KINDS = ("ServiceMonitor", "PrometheusRule")
 EXPECTED_KINDS = {
     "Deployment": 1, "Service": 4, "PodDisruptionBudget": 1, "HorizontalPodAutoscaler": 1,
