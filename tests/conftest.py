@@ -127,15 +127,25 @@ async def mysql_connect(dsn: str) -> Any:
     )  # fmt: skip
 
 
+# Tests that keep a core busy for tens of seconds (the model's searches, the fault
+# campaigns' clusters under load) run one after another on one worker, so that at most
+# one of each kind competes with the timing-sensitive tests on the other workers.
+ONE_WORKER = {"tests/model/": "model", "tests/campaign/test_campaign.py": "campaign"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), keep the tests of a module that uses a
     module-scoped fixture (a server started once for the module) on one worker, so that
-    the fixture starts once, not once per worker."""
+    the fixture starts once, not once per worker; and those of ``ONE_WORKER``."""
     for item in items:
+        path = item.nodeid.split("::")[0]
+        group = next((g for prefix, g in ONE_WORKER.items() if path.startswith(prefix)), None)
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope == "module" for d in defs if d):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if group is None and any(d[-1].scope == "module" for d in defs if d):
+            group = path
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
