@@ -178,7 +178,8 @@ async def test_extend_and_release_are_per_lease_for_every_kind(
         await a.extend(r1, ttl=5.0)
     assert (await a.extend(r2, ttl=5.0)).lease_id == r2.lease_id
     await free(b, r2)
-    s = await a.acquire_semaphore("k/per-lease", 3, ttl=5.0)
+    # a release answers once a quorum freed the name; a semaphore needs every node (R32)
+    s = await a.acquire_semaphore("k/per-lease", 3, ttl=5.0, wait=2.0)
     handle = b.handle("k/per-lease", s.lease_id, "semaphore", 3)
     assert (await b.extend(handle, ttl=5.0)).token == s.token
     await b.release(handle)
@@ -194,7 +195,7 @@ async def test_expired_shared_and_semaphore_leases_free_the_name(
     await b.acquire("k/expire", ttl=0.2, mode="shared")
     lease = await b.acquire("k/expire", ttl=5.0, wait=5.0)  # I3: both expire
     await free(b, lease)
-    await a.acquire_semaphore("k/expire", 1, ttl=0.2)
+    await a.acquire_semaphore("k/expire", 1, ttl=0.2, wait=2.0)  # every node freed (R32)
     with pytest.raises(PermitsMismatch):
         await b.acquire_semaphore("k/expire", 2, ttl=5.0, wait=5.0)  # at once, no wait
     await asyncio.sleep(0.25)
