@@ -25,6 +25,29 @@ jump's window closed; there only the fencing checks above must hold).
 (``none``: while no fault was), and the same for the direct writers' ops alone.
 ``direct_writes``: what became of the direct writers' UPDATEs (``direct.py``),
 and of the late ones among them.
+
+Lock kinds (``mode`` of an acquire: exclusive, shared, semaphore; protocol.py
+R22-R26, I1, I2, I5): an overlap is one only when one of the two leases is
+exclusive (shared leases hold together, I1); ``duplicate_token`` likewise
+(overlapping shared or semaphore grants may share a token, R23, R24);
+``token_order`` is I2 for every kind (a grant completed before another's acquire
+began has the smaller token; a repeat of an idempotent acquire that names the same
+lease is no new grant). Two more checks:
+
+* ``semaphore_overcount``: more semaphore leases of a name surely held at one
+  instant than their ``permits`` (I5, R32); excused like an overlap by a clock
+  fault in the leases' lifetime;
+* ``idempotency``: two successful acquires with one ``Idempotency-Key``, the second
+  asked after the first was answered and answered while the first's lease was
+  surely held, that name different leases or tokens (R26: one lease per key).
+  R26 is best effort when the commit of the tag reached fewer than a quorum, so a
+  fault that can cost commit acks or forget a tag (``COMMIT_FAULTS``) during the
+  first acquire, or a node losing its data before the second was answered,
+  excuses it: those are counted in ``idempotency_excused``.
+
+A lease's sure interval: from its grant's answer to the earlier of its release's
+invocation and ``invoke + valid_ms``, stretched by each successful renew invoked
+inside it to the renew's ``invoke + valid_ms``.
 """
 
 from __future__ import annotations
@@ -45,13 +68,22 @@ __all__ = [
     "check",
     "direct_writes",
     "duplicate_tokens",
+    "idempotency",
     "lost_updates",
     "overlaps",
+    "semaphore_overcount",
     "stale_writes",
     "token_order",
 ]
 
 CLOCK_FAULTS = frozenset({"clock_jump_node", "kleppmann"})
+# Faults under which a tag's commit may reach fewer than a quorum (R26), and those
+# after which a node forgot what it held.
+COMMIT_FAULTS = CLOCK_FAULTS | {
+    "pause_node", "kill_node", "rollback_node", "partition", "delay", "cut",
+    "drop_replies", "drop_commands", "pause_gateway",
+}  # fmt: skip
+FORGETTING_FAULTS = frozenset({"kill_node", "rollback_node"})
 ESTABLISHING_READS = (200, 404)  # a fenced read that answered raised the mark to its token
 
 
@@ -81,6 +113,7 @@ class Report:
     ops: Counter[str] = field(default_factory=Counter)
     direct: Counter[str] = field(default_factory=Counter)
     direct_availability: dict[str, Counter[str]] = field(default_factory=dict)
+    idempotency_excused: int = 0  # splits of one key under a fault R26 does not cover
 
     @property
     def ok(self) -> bool:
@@ -137,7 +170,8 @@ def lost_updates(ops: Sequence[Op]) -> list[Violation]:
 
 
 def duplicate_tokens(ops: Sequence[Op]) -> list[Violation]:
-    """Two different ``lease_id`` granted with the same token for one lock name."""
+    """Two different ``lease_id`` granted with the same token for one lock name, one of
+    them exclusive."""
     found: list[Violation] = []
     for scope, grants in sorted(_by_scope(ops, "acquire").items()):
         by_token: dict[int, dict[str, Op]] = defaultdict(dict)
@@ -145,7 +179,8 @@ def duplicate_tokens(ops: Sequence[Op]) -> list[Violation]:
             if g.result == "ok" and g.token is not None and g.lease_id is not None:
                 by_token[g.token].setdefault(g.lease_id, g)
         for token, leases in sorted(by_token.items()):
-            if len(leases) > 1:
+            # Overlapping shared or semaphore grants may share a token (R23, R24).
+            if len(leases) > 1 and any(g.mode == "exclusive" for g in leases.values()):
                 found.append(
                     Violation(
                         "duplicate_token",
@@ -189,11 +224,16 @@ def _precedence(
 
 
 def token_order(ops: Sequence[Op]) -> list[Violation]:
-    """A grant completed before another was invoked must have the smaller token."""
+    """A grant completed before another was invoked must have the smaller token (I2, every
+    kind); an acquire that answers a lease an earlier-invoked one answered is a repeat."""
     found: list[Violation] = []
     for scope, grants in sorted(_by_scope(ops, "acquire").items()):
         ok = [g for g in grants if g.result == "ok"]
-        found += _precedence(ok, ok, "token_order", scope, "grant", strict=True)
+        first: dict[str | None, Op] = {}
+        for g in sorted(ok, key=lambda o: o.start):
+            first.setdefault(g.lease_id, g)
+        new = [g for g in ok if g.lease_id is None or first[g.lease_id] is g]
+        found += _precedence(ok, new, "token_order", scope, "grant", strict=True)
     return found
 
 
@@ -212,13 +252,38 @@ def stale_writes(ops: Sequence[Op]) -> list[Violation]:
     return found
 
 
-def _held(grant: Op, releases: dict[tuple[str, str], float]) -> tuple[float, float] | None:
-    """When the holder surely held the lease, or None if never surely."""
+Renews = dict[tuple[str, str], list[Op]]
+
+
+def _lease_ends(ops: Sequence[Op]) -> tuple[dict[tuple[str, str], float], Renews]:
+    """Per (scope, lease_id): the first release's invocation, and the successful renews."""
+    releases: dict[tuple[str, str], float] = {}
+    renews: Renews = defaultdict(list)
+    for op in ops:
+        if op.lease_id is None:
+            continue
+        if op.f == "release":
+            ident = (op.scope, op.lease_id)
+            releases[ident] = min(op.start, releases.get(ident, op.start))
+        elif op.f == "renew" and op.result == "ok" and op.valid_ms is not None:
+            renews[(op.scope, op.lease_id)].append(op)
+    return releases, renews
+
+
+def _held(
+    grant: Op, releases: dict[tuple[str, str], float], renews: Renews | None = None
+) -> tuple[float, float] | None:
+    """When the holder surely held the lease, or None if never surely: from the answer to
+    invoke + valid_ms, stretched by renews invoked while surely held, cut at the release."""
     if grant.result != "ok" or grant.end is None or grant.valid_ms is None:
         return None
     until = grant.start + grant.valid_ms / 1000
     if grant.lease_id is not None:
-        until = min(until, releases.get((grant.scope, grant.lease_id), until))
+        ident = (grant.scope, grant.lease_id)
+        for renew in sorted((renews or {}).get(ident, ()), key=lambda o: o.start):
+            if grant.end <= renew.start < until and renew.valid_ms is not None:
+                until = max(until, renew.start + renew.valid_ms / 1000)
+        until = min(until, releases.get(ident, until))
     return (grant.end, until) if until > grant.end else None
 
 
@@ -226,23 +291,37 @@ def _active(faults: Sequence[FaultWindow], start: float, end: float) -> tuple[st
     return tuple(sorted({f.kind for f in faults if f.start < end and start < f.end}))
 
 
+def _sure_spans(ops: Sequence[Op], scope_grants: Iterable[Op]) -> list[tuple[float, float, Op]]:
+    """Each lease's sure interval (over every answer that named it: repeats of one key)."""
+    releases, renews = _lease_ends(ops)
+    leases: dict[object, tuple[float, float, Op]] = {}
+    for g in scope_grants:
+        span = _held(g, releases, renews)
+        if span is None:
+            continue
+        ident: object = g.lease_id if g.lease_id is not None else id(g)
+        if ident in leases:
+            start, end, first = leases[ident]
+            span = (min(start, span[0]), max(end, span[1]))
+            g = first if first.start <= g.start else g
+        leases[ident] = (*span, g)
+    return sorted(leases.values(), key=lambda s: (s[0], s[1]))
+
+
 def overlaps(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Overlap]:
-    """Pairs of leases of one name that both surely held it at the same time."""
-    releases = {
-        (op.scope, op.lease_id): op.start
-        for op in ops
-        if op.f == "release" and op.lease_id is not None
-    }
+    """Pairs of leases of one name that both surely held it at the same time, one of them
+    exclusive (shared leases hold together; semaphores are counted by
+    ``semaphore_overcount``)."""
     found: list[Overlap] = []
     for scope, grants in sorted(_by_scope(ops, "acquire").items()):
-        held = sorted(
-            (span, g) for g in grants if (span := _held(g, releases)) is not None
-        )  # fmt: skip
+        held = [((start, end), g) for start, end, g in _sure_spans(ops, grants)]
         for i, ((_start, end), first) in enumerate(held):
             for (other_start, other_end), second in held[i + 1 :]:
                 if other_start >= end:
                     break
                 if first.lease_id == second.lease_id:
+                    continue
+                if "exclusive" not in (first.mode, second.mode):
                     continue
                 both = (other_start, min(end, other_end))
                 # A clock jump expires the leases alive then; the second grant can come
@@ -259,6 +338,82 @@ def overlaps(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Over
                     )
                 )
     return found
+
+
+def semaphore_overcount(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Violation]:
+    """Instants at which more semaphore leases of a name were surely held than their permits
+    (I5); excused by a clock fault in the lifetime of the leases held then."""
+    found: list[Violation] = []
+    for scope, grants in sorted(_by_scope(ops, "acquire").items()):
+        sems = [g for g in grants if g.mode == "semaphore"]
+        spans = _sure_spans(ops, sems)
+        over_until = float("-inf")  # one violation per stretch of too many holders
+        for start, _end, _grant in spans:
+            held: dict[str | None, tuple[float, float, Op]] = {}
+            for span in spans:
+                if span[0] <= start < span[1]:
+                    held.setdefault(span[2].lease_id, span)
+            permits = min((s[2].permits or 0) for s in held.values())
+            if len(held) <= permits or start < over_until:
+                continue
+            over_until = min(s[1] for s in held.values())
+            lives = (min(s[2].start for s in held.values()), start)
+            if CLOCK_FAULTS & set(_active(faults, *lives)):
+                continue
+            tokens = sorted(s[2].token or 0 for s in held.values())
+            found.append(
+                Violation(
+                    "semaphore_overcount",
+                    scope,
+                    f"{len(held)} leases of {permits} permits surely held at once (tokens "
+                    f"{tokens}), no clock fault in their lifetime "
+                    f"(active then: {list(_active(faults, *lives))})",
+                    tuple(s[2] for s in held.values()),
+                )
+            )
+    return found
+
+
+def idempotency(
+    ops: Sequence[Op], faults: Sequence[FaultWindow] = ()
+) -> tuple[list[Violation], int]:
+    """One lease per key (R26): a successful acquire asked after another with the same key
+    was answered, and answered while that one's lease was surely held, names the same
+    lease and token. Returns the violations and how many splits a fault excused."""
+    releases, renews = _lease_ends(ops)
+    by_key: dict[tuple[str, str, str], list[Op]] = defaultdict(list)
+    for op in ops:
+        if op.f == "acquire" and op.result == "ok" and op.idem_key is not None:
+            by_key[(op.scope, op.mode, op.idem_key)].append(op)
+    found: list[Violation] = []
+    excused = 0
+    for (scope, _mode, key), answers in sorted(by_key.items()):
+        answers.sort(key=lambda o: o.start)
+        for i, first in enumerate(answers):
+            span = _held(first, releases, renews)
+            if span is None:
+                continue
+            for second in answers[i + 1 :]:
+                if second.end is None or not span[0] <= second.start < second.end <= span[1]:
+                    continue
+                if (second.lease_id, second.token) == (first.lease_id, first.token):
+                    continue
+                if COMMIT_FAULTS & set(_active(faults, first.start, first.end or span[0])) or (
+                    FORGETTING_FAULTS & set(_active(faults, first.start, second.end))
+                ):
+                    excused += 1
+                    continue
+                found.append(
+                    Violation(
+                        "idempotency",
+                        scope,
+                        f"key {key!r}: lease {second.lease_id} token {second.token} answered "
+                        f"while lease {first.lease_id} token {first.token} of the same key "
+                        "was surely held",
+                        (first, second),
+                    )
+                )
+    return found, excused
 
 
 def availability(ops: Sequence[Op], faults: Sequence[FaultWindow]) -> dict[str, Counter[str]]:
@@ -315,14 +470,17 @@ def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report
         Violation(
             "mutual_exclusion",
             o.scope,
-            f"two leases held it for {o.seconds:.3f} s (tokens {o.first.token} and "
-            f"{o.second.token}) with no clock fault in their lifetime "
+            f"two leases ({o.first.mode}, {o.second.mode}) held it for {o.seconds:.3f} s "
+            f"(tokens {o.first.token} and {o.second.token}) with no clock fault in their lifetime "
             f"(active then: {list(o.lifetime_faults)})",
             (o.first, o.second),
         )
         for o in report.overlaps
         if not CLOCK_FAULTS & set(o.lifetime_faults)
     ]
+    report.violations += semaphore_overcount(ops, faults)
+    idem, report.idempotency_excused = idempotency(ops, faults)
+    report.violations += idem
     report.availability = availability(ops, faults)
     report.ops = Counter(f"{op.f}:{op.result}" for op in ops if op.f != "final_read")
     report.direct = direct_writes(ops)

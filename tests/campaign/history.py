@@ -33,7 +33,7 @@ class Op:
 
     process: str
     op: int
-    f: str  # acquire | read | write | release | final_read
+    f: str  # acquire | renew | read | write | release | final_read
     store: str
     key: str
     result: Kind  # ok | fail | info
@@ -48,6 +48,9 @@ class Op:
     error: str | None = None
     fenced: bool = False  # a read that carried the token
     direct: bool = False  # an op of a direct writer (direct.py): its reads and writes bypass HTTP
+    mode: str = "exclusive"  # an acquire's kind: exclusive | shared | semaphore
+    permits: int | None = None  # a semaphore acquire's permits
+    idem_key: str | None = None  # an acquire's Idempotency-Key
 
     @property
     def scope(self) -> str:
@@ -103,6 +106,9 @@ def _op(invoke: Event, done: Event | None) -> Op:
         error=None if done is None else done.get("error"),
         fenced=bool(invoke.get("fenced", False)),
         direct=bool(invoke.get("direct", False)),
+        mode=str(invoke.get("mode", "exclusive")),
+        permits=invoke.get("permits"),
+        idem_key=invoke.get("idem_key"),
     )
 
 

@@ -230,3 +230,109 @@ def test_a_late_direct_write_accepted_after_a_newer_fenced_read_is_a_stale_write
     report = check(h.events)
     assert [v.kind for v in report.violations] == ["stale_write"], report.violations
     assert report.direct["late ok"] == 1
+
+
+# Lock kinds (protocol.py R22-R26, I1, I2, I5)
+
+
+def test_shared_leases_hold_together_but_an_exclusive_one_overlaps_none() -> None:
+    h = History()
+    h.op("r0", "acquire", 0.0, 0.1, token=5, lease_id="s1", valid_ms=2000, mode="shared")
+    h.op("r1", "acquire", 0.05, 0.3, token=5, lease_id="s2", valid_ms=2000, mode="shared")
+    assert check(h.events).ok  # shared grants asked together may share a token (R23)
+    h.op("c0", "acquire", 0.25, 1.0, token=6, lease_id="x", valid_ms=2000)  # held 1.0 .. 2.25
+    report = check(h.events)
+    assert [v.kind for v in report.violations] == ["mutual_exclusion", "mutual_exclusion"]
+    assert "(shared, exclusive)" in report.violations[0].detail
+
+
+def test_an_exclusive_grant_sharing_a_shared_grants_token_is_a_duplicate() -> None:
+    h = History()
+    h.op("r0", "acquire", 0.0, 0.1, token=5, lease_id="s1", valid_ms=100, mode="shared")
+    h.op("c0", "acquire", 0.05, 0.3, token=5, lease_id="x", valid_ms=100)  # concurrent asks
+    assert [v.kind for v in check(h.events).violations] == ["duplicate_token"]
+
+
+@pytest.mark.parametrize("mode", ["shared", "semaphore"])
+def test_a_grant_asked_after_another_ended_needs_a_larger_token(mode: str) -> None:
+    permits = {"permits": 2} if mode == "semaphore" else {}
+    h = History()
+    h.op("r0", "acquire", 0.0, 0.1, token=5, lease_id="a", valid_ms=100, mode=mode, **permits)
+    h.op("r1", "acquire", 0.05, 0.2, token=5, lease_id="b", valid_ms=100, mode=mode, **permits)
+    assert check(h.events).ok  # asked before a was answered: not ordered
+    h.op("r2", "acquire", 0.3, 0.4, token=5, lease_id="c", valid_ms=100, mode=mode, **permits)
+    violations = check(h.events).violations
+    assert [v.kind for v in violations] == ["token_order"]
+    assert "token 5 after token 5" in violations[0].detail
+
+
+def test_a_repeat_naming_the_same_lease_is_no_new_grant() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=5, lease_id="a", valid_ms=2000, idem_key="k1")
+    h.op("c0", "acquire", 0.2, 0.3, token=5, lease_id="a", valid_ms=1800, idem_key="k1")
+    assert check(h.events).ok
+
+
+def sem(h: History, process: str, start: float, end: float, lease: str, token: int) -> None:
+    h.op(process, "acquire", start, end, key="sem/s", token=token, lease_id=lease,
+         valid_ms=1000, mode="semaphore", permits=2)  # fmt: skip
+
+
+def test_more_semaphore_leases_surely_held_than_permits_is_an_overcount() -> None:
+    h = History()
+    sem(h, "s0", 0.0, 0.1, "a", 1)  # held 0.1 .. 1.0
+    sem(h, "s1", 0.2, 0.3, "b", 2)  # held 0.3 .. 1.2
+    h.op("s0", "release", 0.5, 0.6, key="sem/s", lease_id="a", status=204)  # a: 0.1 .. 0.5
+    sem(h, "s2", 0.55, 0.7, "c", 3)  # held 0.7 .. 1.55
+    assert check(h.events).ok  # never more than 2 at once
+    h.events = [e for e in h.events if e["f"] != "release"]  # a held until 1.0
+    violations = check(h.events).violations
+    assert [v.kind for v in violations] == ["semaphore_overcount"]
+    assert "3 leases of 2 permits" in violations[0].detail
+    # A Redis node's clock jump expires leases early: reported as an overlap would be.
+    assert check(h.events, [FaultWindow("clock_jump_node", 0.4, 0.6)]).ok
+    assert not check(h.events, [FaultWindow("kill_node", 0.4, 0.6)]).ok
+
+
+def test_a_renew_stretches_the_sure_interval() -> None:
+    h = History()
+    sem(h, "s0", 0.0, 0.1, "a", 1)  # held 0.1 .. 1.0
+    sem(h, "s1", 0.2, 0.3, "b", 2)  # held 0.3 .. 1.2
+    sem(h, "s2", 1.05, 1.1, "c", 3)  # held 1.1 .. 2.05
+    assert check(h.events).ok
+    h.op("s0", "renew", 0.9, 0.95, key="sem/s", lease_id="a", token=1, valid_ms=1000)
+    assert [v.kind for v in check(h.events).violations] == ["semaphore_overcount"]
+    # A renew asked after the sure interval ended stretches nothing.
+    h.events = [e for e in h.events if e["f"] != "renew"]
+    h.op("s0", "renew", 1.01, 1.03, key="sem/s", lease_id="a", token=1, valid_ms=1000)
+    assert check(h.events).ok
+
+
+def test_two_leases_answered_for_one_key_while_the_first_was_held_break_idempotency() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=5, lease_id="a", valid_ms=2000, idem_key="k1",
+         mode="shared")  # fmt: skip
+    h.op("c0", "acquire", 0.2, 0.3, token=6, lease_id="b", valid_ms=2000, idem_key="k1",
+         mode="shared")  # fmt: skip
+    report = check(h.events)
+    assert [v.kind for v in report.violations] == ["idempotency"]
+    assert "key 'k1': lease b token 6 answered while lease a token 5" in report.violations[0].detail
+    # R26 is best effort when the tag's commit may have missed a quorum.
+    report = check(h.events, [FaultWindow("partition", 0.05, 0.5)])
+    assert report.ok
+    assert report.idempotency_excused == 1
+    # A fault only after the first answer excuses nothing, unless a node forgot its data.
+    assert not check(h.events, [FaultWindow("partition", 0.15, 0.5)]).ok
+    assert check(h.events, [FaultWindow("kill_node", 0.15, 0.5)]).ok
+
+
+def test_a_new_lease_for_a_key_after_its_lease_ended_is_fine() -> None:
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=5, lease_id="a", valid_ms=2000, idem_key="k1")
+    h.op("c0", "release", 0.2, 0.25, lease_id="a", status=204)
+    h.op("c0", "acquire", 0.3, 0.4, token=6, lease_id="b", valid_ms=2000, idem_key="k1")
+    assert check(h.events).ok
+    h.op("c0", "acquire", 0.5, 0.6, token=6, lease_id="b", valid_ms=2000, idem_key="k1")
+    h.op("c0", "acquire", 0.7, 0.8, token=7, lease_id="c", valid_ms=2000, idem_key="k1")
+    kinds = sorted(v.kind for v in check(h.events).violations)
+    assert kinds == ["idempotency", "idempotency", "mutual_exclusion"]  # c after both answers
