@@ -49,6 +49,12 @@ class ClientSpec:
     http_timeout: float = 5.0
     row_stores: list[str] = field(default_factory=list)  # legacy-table stores: JSON rows
     direct_dsn: str | None = None  # a direct writer's PostgreSQL (tests/campaign/direct.py)
+    # The lock kinds' clients (tests/campaign/kinds.py): reader | semaphore | idempotent
+    role: str = "writer"
+    permits: int = 2  # a semaphore's size
+    semaphores: list[str] = field(default_factory=list)  # semaphore names
+    drop_share: float = 0.3  # idempotent acquires whose first answer is never read
+    shared_writes: bool = False  # sabotage: shared readers write with their shared token
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,12 @@ class Outcome:
 def request(
     base: str, method: str, path: str, *, body: bytes | None = None,
     headers: dict[str, str] | None = None, timeout: float = 5.0, ok: tuple[int, ...] = (200,),
+    drop: bool = False,
 ) -> Outcome:  # fmt: skip
-    """One request on a fresh connection; refused connection = ``fail``, no answer = ``info``."""
+    """One request on a fresh connection; refused connection = ``fail``, no answer = ``info``.
+
+    ``drop``: close the connection once the request is sent, never reading the answer
+    (a client that lost it): ``info`` with error ``dropped``."""
     url = urlsplit(base)
     if url.hostname not in ("127.0.0.1", "localhost", "::1"):
         raise ValueError(f"campaign traffic goes to loopback only, not {base!r}")
@@ -86,6 +96,8 @@ def request(
             return Outcome("fail", None, b"", f"connect: {type(exc).__name__}")
         try:
             conn.request(method, path, body=body, headers=headers or {})
+            if drop:
+                return Outcome("info", None, b"", "dropped")
             response = conn.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -135,15 +147,18 @@ class Client:
     def call(
         self, f: str, store: str, key: str, method: str, path: str, *,
         fields: dict[str, Any], body: bytes | None = None, headers: dict[str, str] | None = None,
-        ok: tuple[int, ...] = (200,), timeout: float | None = None,
+        ok: tuple[int, ...] = (200,), timeout: float | None = None, gateway: int | None = None,
+        drop: bool = False,
     ) -> Outcome:  # fmt: skip
+        """One recorded request, to ``gateway`` or one chosen at random."""
         self.op += 1
-        gateway = self.rng.randrange(len(self.spec.gateways))
+        if gateway is None:
+            gateway = self.rng.randrange(len(self.spec.gateways))
         base = {"f": f, "store": store, "key": key, "gateway": gateway, **fields}
         self._record("invoke", base)
         outcome = request(
             self.spec.gateways[gateway], method, path, body=body, headers=headers,
-            timeout=timeout or self.spec.http_timeout, ok=ok,
+            timeout=timeout or self.spec.http_timeout, ok=ok, drop=drop,
         )  # fmt: skip
         done: dict[str, Any] = {"f": f, "status": outcome.status, "error": outcome.error}
         if outcome.kind == "ok":
@@ -153,11 +168,13 @@ class Client:
 
     @staticmethod
     def _result(f: str, outcome: Outcome, *, row: bool) -> dict[str, Any]:
-        if f == "acquire":
+        if f in ("acquire", "renew"):
             grant = outcome.json()
             # valid_ms (DESIGN.md): ttl - elapsed - drift at answer time. Gateways
             # before it was added answered that remaining validity as ttl_ms.
             valid = grant.get("valid_ms", grant.get("ttl_ms"))
+            if f == "renew":  # its answer names no lease_id: the invocation's stands
+                return {"token": grant.get("token"), "valid_ms": valid}
             return {"token": grant.get("token"), "lease_id": grant.get("lease_id"),
                     "valid_ms": valid}  # fmt: skip
         if f == "read":

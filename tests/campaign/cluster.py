@@ -159,9 +159,11 @@ class Cluster:
     """Everything the campaign runs against; ``async with Cluster(workdir):``."""
 
     def __init__(
-        self, workdir: Path, *, skew: bool | None = None, rows: tuple[str, ...] = ()
-    ) -> None:
+        self, workdir: Path, *, skew: bool | None = None, rows: tuple[str, ...] = (),
+        split_nodes: bool = False,
+    ) -> None:  # fmt: skip
         self.workdir = workdir
+        self.split_nodes = split_nodes  # sabotage: gateway g locks on node g alone
         self.rows = rows  # keys of the ledger table, inserted with v = 0 before the trigger
         self.skewable = faketime_works() if skew is None else skew
         self.nodes = [SnapshotNode(workdir / f"redis{i}") for i in range(NODES)]
@@ -185,8 +187,9 @@ class Cluster:
                     await proxy.start()
                 self.proxies.append(links)
             for g, links in enumerate(self.proxies):
+                used = [links[g]] if self.split_nodes else links
                 gateway = Gateway(
-                    self.workdir / f"gw{g}", self._config(links), skewable=self.skewable
+                    self.workdir / f"gw{g}", self._config(used), skewable=self.skewable
                 )
                 self.gateways.append(gateway)
             await asyncio.to_thread(self.fencing, "install-fencing")

@@ -20,6 +20,15 @@ into the run, after which nothing checks the direct writers' tokens. Direct
 writers pause past their TTL in ``direct_pause_share`` of their cycles (more
 than the HTTP clients: a late UPDATE is refused only when another writer of the
 row came in during the pause, and the check needs such refusals to mean anything).
+
+Lock kinds (``kinds.py``): ``readers`` shared readers on the writers' names,
+``semaphore_holders`` on ``SEMAPHORES`` with ``permits``, and ``idempotent``
+clients whose acquires (of every kind) carry an ``Idempotency-Key`` and are
+repeated through the other gateway. Two sabotages of the kinds:
+``shared_writes`` (the shared readers write with their shared token) and
+``split_nodes`` (each gateway is configured with a different single Redis node:
+two lock services that know nothing of each other, as a wrong ``[locks] redis``
+would make; every exclusion and the one-lease-per-key promise are gone).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ __all__ = ["CampaignResult", "run_campaign"]
 
 STORES = ("kv", LEDGER, "files")
 KEYS = ("k0", "k1")
+SEMAPHORES = ("s0",)  # names sem/s0, ...: not stores, never read at the end
 
 
 @dataclass
@@ -85,6 +95,12 @@ async def run_campaign(
     pause_share: float = 0.1,
     direct_pause_share: float = 0.3,
     quiet: float = 4.0,
+    readers: int = 2,
+    semaphore_holders: int = 3,
+    idempotent: int = 2,
+    permits: int = 2,
+    shared_writes: bool = False,
+    split_nodes: bool = False,
     progress: Callable[[str], None] | None = None,
     progress_every: float = 5.0,
 ) -> CampaignResult:
@@ -99,13 +115,16 @@ async def run_campaign(
     say = progress or (lambda _line: None)
     stop = workdir / "stop-clients"
     ledger = [[LEDGER, k] for k in KEYS]
-    async with Cluster(workdir / "cluster", rows=KEYS) as cluster:
+    async with Cluster(workdir / "cluster", rows=KEYS, split_nodes=split_nodes) as cluster:
         procs: list[subprocess.Popen[bytes]] = []
         nemesis = Nemesis(cluster, procs, rng)
         try:
-            kinds_of = [("client", "c", i, targets) for i in range(clients)]
-            kinds_of += [("direct", "d", i, ledger) for i in range(direct_clients)]
-            for module, prefix, i, where in kinds_of:
+            kinds_of = [("client", "writer", "c", i, targets) for i in range(clients)]
+            kinds_of += [("direct", "writer", "d", i, ledger) for i in range(direct_clients)]
+            kinds_of += [("kinds", "reader", "r", i, targets) for i in range(readers)]
+            kinds_of += [("kinds", "semaphore", "s", i, targets) for i in range(semaphore_holders)]
+            kinds_of += [("kinds", "idempotent", "i", i, targets) for i in range(idempotent)]
+            for module, role, prefix, i, where in kinds_of:
                 spec = ClientSpec(
                     process=f"{prefix}{i}", gateways=cluster.urls, targets=where,
                     history=str(history / f"{prefix}{i}.jsonl"), seed=rng.randrange(1 << 30),
@@ -115,6 +134,8 @@ async def run_campaign(
                     else pause_share * (4 if sabotage else 1),
                     row_stores=[LEDGER],
                     direct_dsn=cluster.pg.dsn if module == "direct" else None,
+                    role=role, permits=permits, semaphores=list(SEMAPHORES),
+                    shared_writes=shared_writes,
                 )  # fmt: skip
                 procs.append(_spawn(module, spec, workdir / f"{prefix}{i}.log"))
             started = time.monotonic()
