@@ -13,6 +13,8 @@ checker (``tests/campaign/checker.py``) looks at the merged history.
     .venv/bin/python -m benchmarks.campaign --seconds 600 --seed 1
     .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --sabotage
     .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --unfenced-direct
+    .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --shared-writes
+    .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --split-nodes
 
 A progress line every few seconds; the result is a row of the table in
 ``benchmarks/results/campaign.md`` (built from ``campaign.json``; a rerun of a
@@ -21,6 +23,12 @@ history is kept: its folder is printed and the first violations are written
 into the report. The exit status is 1 when a violation was found (except with
 ``--sabotage`` or ``--unfenced-direct`` (the trigger is uninstalled a third of
 the way in), which must find one: there it is 1 when none was found).
+
+The lock kinds run in every mode: shared readers, semaphore holders and
+idempotent acquires (``tests/campaign/kinds.py``). Their sabotages, which must
+find violations too: ``--shared-writes`` (shared readers write with their shared
+token) and ``--split-nodes`` (each gateway configured with a different single
+Redis node: exclusion, permits and one lease per key all break).
 """
 
 from __future__ import annotations
@@ -46,9 +54,22 @@ RESULTS: Final = Path(__file__).resolve().parent / "results"
 KEPT: Final = 5  # violations written into the report per run
 
 
+SABOTAGES: Final = ("sabotage", "unfenced-direct", "shared-writes", "split-nodes")
+
+
 def mode_of(r: dict[str, Any]) -> str:
-    """normal | sabotage | unfenced-direct (rows before direct writers have no ``mode``)."""
+    """normal | one of ``SABOTAGES`` (rows before direct writers have no ``mode``)."""
     return str(r.get("mode") or ("sabotage" if r["sabotage"] else "normal"))
+
+
+def run_mode(result: CampaignResult) -> str:
+    if result.unfenced_direct:
+        return "unfenced-direct"
+    if result.sabotage:
+        return "sabotage"
+    if result.shared_writes:
+        return "shared-writes"
+    return "split-nodes" if result.split_nodes else "normal"
 
 
 def row(result: CampaignResult, wall: float) -> dict[str, Any]:
@@ -61,9 +82,7 @@ def row(result: CampaignResult, wall: float) -> dict[str, Any]:
         "seed": result.seed,
         "seconds": result.seconds,
         "sabotage": result.sabotage,
-        "mode": "unfenced-direct"
-        if result.unfenced_direct
-        else ("sabotage" if result.sabotage else "normal"),
+        "mode": run_mode(result),
         "load": _load(),
         "wall_seconds": round(wall, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -71,6 +90,8 @@ def row(result: CampaignResult, wall: float) -> dict[str, Any]:
         "faults": dict(sorted(result.injected.items())),
         "ops": ops,
         "direct_writes": dict(sorted(r.direct.items())),
+        "kinds": dict(sorted(r.kinds.items())),
+        "idempotency_excused": r.idempotency_excused,
         "pg_deadlocks": result.pg_deadlocks,
         "violations": dict(r.by_kind()),
         "violation_excerpt": [
@@ -126,7 +147,8 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "# Fault campaign",
         "",
-        "`python -m benchmarks.campaign --seconds N --seed S [--sabotage | --unfenced-direct]`:",
+        "`python -m benchmarks.campaign --seconds N --seed S [--sabotage | --unfenced-direct |"
+        " --shared-writes | --split-nodes]`:",
         "three Redis nodes, two gateway processes behind a fault proxy per Redis link, a private",
         "PostgreSQL, a shared files folder; six client processes doing fenced read-modify-write",
         "increments on two keys of the `kv` (postgres), `ledger` (postgres legacy table, with the",
@@ -134,13 +156,19 @@ def render(rows: list[dict[str, Any]]) -> str:
         "that take the lock through the gateways and increment the same `ledger` rows in",
         "PostgreSQL themselves, inside `fenced_transaction` (`--sabotage` adds `blind`, a files",
         'store with `fencing = "none"`, and pauses four times as often; `--unfenced-direct`',
-        "uninstalls the trigger a third of the way in); a seeded nemesis",
+        "uninstalls the trigger a third of the way in). Lock kinds (rows with a kinds cell):",
+        "two shared readers on the same names (fenced read with the shared token), three",
+        "semaphore holders (`sem/s0`, 2 permits, renewing sometimes) and two clients whose",
+        "acquires of every kind carry an `Idempotency-Key`, some sent and dropped unread, then",
+        "repeated through the other gateway (`--shared-writes`: the shared readers write with",
+        "their shared token; `--split-nodes`: each gateway is given a different single Redis",
+        "node). A seeded nemesis",
         "(tests/campaign/nemesis.py); the checker (tests/campaign/checker.py) over the merged",
         "history. Ops: ok / fail / info (info: no answer or 5xx, the outcome is unknown).",
         "",
         "| seed | mode | commit | length s (wall) | faults injected | acquire | read | write |"
-        " release | direct writes | violations | lease overlaps | load |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        " release | direct writes | kinds | violations | lease overlaps | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         faults = ", ".join(f"{k} {v}" for k, v in r["faults"].items()) or "-"
@@ -153,14 +181,23 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"| {r['seed']} | {mode_of(r)} | {r.get('commit', '?')} | {r['seconds']:g} "
             f"({r['wall_seconds']:g}) | {faults} | "
             + " | ".join(cells)
-            + f" | {_direct_cell(r)} | {violations} | {len(r['overlaps'])} | {r.get('load', '?')} |"
+            + f" | {_direct_cell(r)} | {_kinds_cell(r)} | {violations} | {len(r['overlaps'])}"
+            f" | {r.get('load', '?')} |"
         )
     lines += [
         "",
         "Lease overlaps: pairs of leases of one name that both surely held it at once (from",
         "the grant's answer to its invocation + remaining validity, or its release). One",
         "without a Redis clock fault (`clock_jump_node`, `kleppmann`) in the two leases'",
-        "lifetime is also counted as a `mutual_exclusion` violation.",
+        "lifetime is also counted as a `mutual_exclusion` violation. Only pairs with an",
+        "exclusive lease count (shared leases hold together); semaphores are checked by",
+        "`semaphore_overcount` (more leases surely held than permits), keys by `idempotency`",
+        "(a repeat answered while its key's lease was surely held named another lease).",
+        "",
+        "Kinds: acquires ok of shared / semaphore leases; idempotent acquires ok, keys",
+        "answered more than once with one lease / with several (several is no violation",
+        "when the first was no longer surely held), splits a fault excused (R26 is best",
+        "effort when a tag's commit missed a quorum); renews ok / refused.",
         "",
         "Direct writes: UPDATEs of the direct writers committed / refused by the trigger",
         "(FG409) / other failures / unknown (the connection broke at COMMIT), then the late",
@@ -205,6 +242,18 @@ def _direct_cell(r: dict[str, Any]) -> str:
     )
 
 
+def _kinds_cell(r: dict[str, Any]) -> str:
+    k = r.get("kinds")
+    if k is None:
+        return "-"  # a run from before the lock kinds' clients
+    return (
+        f"{k.get('shared:ok', 0)}/{k.get('semaphore:ok', 0)}, idem {k.get('idempotent:ok', 0)} "
+        f"({k.get('repeat:same', 0)}/{k.get('repeat:other', 0)}, excused "
+        f"{r.get('idempotency_excused', 0)}), renew {k.get('renew:ok', 0)}/"
+        f"{k.get('renew:fail', 0)}"
+    )
+
+
 def save(entry: dict[str, Any]) -> None:
     store = RESULTS / "campaign.json"
     rows: list[dict[str, Any]] = json.loads(store.read_text()) if store.exists() else []
@@ -229,7 +278,8 @@ async def main(args: argparse.Namespace) -> int:
     try:
         result = await run_campaign(
             workdir, seed=args.seed, seconds=args.seconds, sabotage=args.sabotage,
-            unfenced_direct=args.unfenced_direct,
+            unfenced_direct=args.unfenced_direct, shared_writes=args.shared_writes,
+            split_nodes=args.split_nodes,
             clients=args.clients, progress=lambda line: print(line, flush=True),
         )  # fmt: skip
     except asyncio.CancelledError:
@@ -242,6 +292,7 @@ async def main(args: argparse.Namespace) -> int:
     print(f"faults: {dict(result.injected)}")
     print(f"ops: {dict(report.ops)}")
     print(f"direct writes: {dict(report.direct)}; PostgreSQL deadlocks: {result.pg_deadlocks}")
+    print(f"kinds: {dict(report.kinds)}; idempotency excused: {report.idempotency_excused}")
     print(f"violations: {dict(report.by_kind()) or 'none'}; lease overlaps: {len(report.overlaps)}")
     for v in report.violations[:KEPT]:
         print(f"  {v.kind} {v.scope}: {v.detail}")
@@ -250,7 +301,7 @@ async def main(args: argparse.Namespace) -> int:
     elif not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     found = bool(report.violations)
-    return int(found != (args.sabotage or args.unfenced_direct))
+    return int(found != (run_mode(result) in SABOTAGES))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -263,6 +314,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--unfenced-direct",
         action="store_true",
         help="uninstall the trigger a third of the way in (direct writes go unchecked)",
+    )
+    sabotage.add_argument(
+        "--shared-writes", action="store_true", help="shared readers write with their token"
+    )
+    sabotage.add_argument(
+        "--split-nodes",
+        action="store_true",
+        help="each gateway locks on a different single Redis node (two lock services)",
     )
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")

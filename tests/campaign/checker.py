@@ -69,6 +69,7 @@ __all__ = [
     "direct_writes",
     "duplicate_tokens",
     "idempotency",
+    "kind_counts",
     "lost_updates",
     "overlaps",
     "semaphore_overcount",
@@ -114,6 +115,7 @@ class Report:
     direct: Counter[str] = field(default_factory=Counter)
     direct_availability: dict[str, Counter[str]] = field(default_factory=dict)
     idempotency_excused: int = 0  # splits of one key under a fault R26 does not cover
+    kinds: Counter[str] = field(default_factory=Counter)  # ``kind_counts``
 
     @property
     def ok(self) -> bool:
@@ -416,6 +418,29 @@ def idempotency(
     return found, excused
 
 
+def kind_counts(ops: Sequence[Op]) -> Counter[str]:
+    """Acquires by kind and result (``shared:ok``), renews (``renew:ok``), and the keys of
+    idempotent acquires answered more than once: ``repeat:same`` (one lease) or
+    ``repeat:other`` (several leases; a violation only while the first was surely held)."""
+    counts: Counter[str] = Counter()
+    leases: dict[str, set[str | None]] = defaultdict(set)
+    answers: Counter[str] = Counter()
+    for op in ops:
+        if op.f == "acquire":
+            counts[f"{op.mode}:{op.result}"] += 1
+            if op.idem_key is not None:
+                counts[f"idempotent:{op.result}"] += 1
+                if op.result == "ok":
+                    leases[op.idem_key].add(op.lease_id)
+                    answers[op.idem_key] += 1
+        elif op.f == "renew":
+            counts[f"renew:{op.result}"] += 1
+    for key, named in leases.items():
+        if answers[key] > 1:
+            counts["repeat:same" if len(named) == 1 else "repeat:other"] += 1
+    return counts
+
+
 def availability(ops: Sequence[Op], faults: Sequence[FaultWindow]) -> dict[str, Counter[str]]:
     """Client operations by result (ok/fail/info) while each fault kind was active."""
     table: dict[str, Counter[str]] = defaultdict(Counter)
@@ -481,6 +506,7 @@ def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report
     report.violations += semaphore_overcount(ops, faults)
     idem, report.idempotency_excused = idempotency(ops, faults)
     report.violations += idem
+    report.kinds = kind_counts(ops)
     report.availability = availability(ops, faults)
     report.ops = Counter(f"{op.f}:{op.result}" for op in ops if op.f != "final_read")
     report.direct = direct_writes(ops)

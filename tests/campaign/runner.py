@@ -71,6 +71,8 @@ class CampaignResult:
     history: Path
     faults: list[FaultWindow] = field(default_factory=list)
     pg_deadlocks: int = 0  # "deadlock detected" (40P01) in PostgreSQL's log, either side
+    shared_writes: bool = False
+    split_nodes: bool = False
 
     def ops(self) -> list[Op]:
         """The paired operations of the history (read again from its files)."""
@@ -169,6 +171,7 @@ async def run_campaign(
     return CampaignResult(
         seed, seconds, sabotage, unfenced_direct, Counter(p.kind for p in schedule),
         nemesis.injected, report, statuses, history, nemesis.windows, deadlocks,
+        shared_writes, split_nodes,
     )  # fmt: skip
 
 

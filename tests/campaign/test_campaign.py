@@ -21,6 +21,7 @@ def summary(result: CampaignResult) -> str:
         f"seed {result.seed}: injected {dict(result.injected)}",
         f"ops {dict(r.ops)}",
         f"direct writes {dict(r.direct)}; PostgreSQL deadlocks {result.pg_deadlocks}",
+        f"kinds {dict(r.kinds)}; idempotency excused {r.idempotency_excused}",
         f"statuses {result.statuses.most_common()}",
         *(f"{v.kind} {v.scope}: {v.detail} {v.ops}" for v in r.violations[:10]),
         *(f"overlap {o.scope} {o.seconds:.3f} s during {o.faults}" for o in r.overlaps[:10]),
@@ -53,6 +54,13 @@ async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path
     grants = [op for op in result.ops() if op.f == "acquire" and op.result == "ok"]
     assert grants, info
     assert all(op.valid_ms is not None and op.valid_ms > 0 for op in grants), info
+    # The lock kinds ran too: shared readers, semaphore holders that renewed, and
+    # idempotent acquires answered twice with one lease.
+    kinds = result.report.kinds
+    assert kinds["shared:ok"] >= 5, info
+    assert kinds["semaphore:ok"] >= 5, info
+    assert kinds["renew:ok"] >= 1, info
+    assert kinds["repeat:same"] >= 1, info
 
 
 async def test_sabotaged_store_without_fencing_shows_lost_updates(tmp_path: Path) -> None:
@@ -88,3 +96,25 @@ async def test_trigger_removed_mid_run_shows_lost_updates_of_direct_writers(
     assert found["stale_write"] >= 1, info
     assert {v.scope.split("/")[0] for v in result.report.violations} == {"ledger"}, info
     assert result.report.direct["late ok"] >= 1, info
+
+
+async def test_gateways_on_different_nodes_break_every_kind_and_the_checker_says_so(
+    tmp_path: Path,
+) -> None:
+    """Each gateway configured with a different single Redis node: two lock services that
+    know nothing of each other. Exclusive leases overlap shared ones, a semaphore has
+    more holders than permits, and a repeat through the other gateway gets another
+    lease: the kinds' checks must find each."""
+    result = await run_campaign(
+        tmp_path, seed=7, seconds=15, ttl_ms=1000, kinds=["pause_client"], split_nodes=True,
+    )  # fmt: skip
+    info = summary(result)
+    print(info)
+    found = result.report.by_kind()
+    assert found["semaphore_overcount"] >= 1, info
+    assert found["idempotency"] >= 1, info
+    mixed = [
+        v for v in result.report.violations
+        if v.kind == "mutual_exclusion" and {op.mode for op in v.ops} == {"exclusive", "shared"}
+    ]  # fmt: skip
+    assert mixed, info
