@@ -1,7 +1,10 @@
 """The campaign's topology, all on loopback, started and always cleaned up by ``Cluster``.
 
 * three ``redis-server`` nodes (``tests._servers.RedisNode``), each able to take an
-  RDB snapshot and to be restarted from it later (a rollback);
+  RDB snapshot and to be restarted from it later (a rollback); with ``groups`` G,
+  3 G nodes and gateways configured with ``[locks] groups`` of 3 nodes each
+  (explicit ids: each gateway reaches the nodes through its own proxies, so ids
+  derived from the node addresses would differ between gateways);
 * a private PostgreSQL (``tests._pg_server.PgServer``) that may be crash-restarted;
 * one ``FaultProxy`` per (gateway, node) link, in this process;
 * two gateway processes (``python -m gateway serve --config``), each with its own
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -40,7 +44,7 @@ __all__ = ["FAKETIME_LIB", "LEDGER", "Cluster", "Gateway", "SnapshotNode", "fake
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 FAKETIME_LIB: Final = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-NODES: Final = 3
+NODES: Final = 3  # per Redlock group
 GATEWAYS: Final = 2
 MAX_TTL_MS: Final = 4000  # also how long a restarted node stays in quarantine
 LEDGER: Final = "ledger"  # the legacy-table store with the fencing trigger
@@ -160,13 +164,15 @@ class Cluster:
 
     def __init__(
         self, workdir: Path, *, skew: bool | None = None, rows: tuple[str, ...] = (),
-        split_nodes: bool = False,
+        split_nodes: bool = False, groups: int = 0,
     ) -> None:  # fmt: skip
         self.workdir = workdir
         self.split_nodes = split_nodes  # sabotage: gateway g locks on node g alone
+        self.groups = groups  # 0: one Redlock over [locks] redis; else [locks] groups
         self.rows = rows  # keys of the ledger table, inserted with v = 0 before the trigger
         self.skewable = faketime_works() if skew is None else skew
-        self.nodes = [SnapshotNode(workdir / f"redis{i}") for i in range(NODES)]
+        count = NODES * max(groups, 1)
+        self.nodes = [SnapshotNode(workdir / f"redis{i}") for i in range(count)]
         bin_dir = pg_bin_dir()
         if bin_dir is None:
             raise RuntimeError("no PostgreSQL binaries (initdb, pg_ctl) found")
@@ -227,6 +233,22 @@ class Cluster:
             raise RuntimeError(f"fencegate pg {verb} failed: {done.stdout}{done.stderr}")
         return done.stdout.strip()
 
+    def group_nodes(self, rng: random.Random) -> list[int]:
+        """The nodes of one Redlock group (a random one when there are several)."""
+        if self.groups <= 1:
+            return list(range(len(self.nodes)))
+        first = NODES * rng.randrange(self.groups)
+        return list(range(first, first + NODES))
+
+    def _locks(self, links: list[FaultProxy]) -> dict[str, Any]:
+        if not self.groups:
+            return {"redis": [p.url for p in links]}
+        groups = [
+            {"id": f"g{j}", "redis": [p.url for p in links[NODES * j : NODES * (j + 1)]]}
+            for j in range(self.groups)
+        ]
+        return {"groups": groups}
+
     def _config(self, links: list[FaultProxy]) -> dict[str, Any]:
         files = self.workdir / "files-root"
         blind = self.workdir / "blind-root"
@@ -236,7 +258,7 @@ class Cluster:
             "shutdown_timeout_ms": 2000,
             "request_timeout_ms": 20000,
             "locks": {
-                "redis": [p.url for p in links],
+                **self._locks(links),
                 "node_timeout_ms": 300,
                 "max_ttl_ms": MAX_TTL_MS,
                 "default_ttl_ms": 1500,

@@ -23,7 +23,8 @@ Fault kinds (``KINDS``) and what each does, with the window recorded in the hist
   expires keys by wall clock, but redis-server links jemalloc, which libfaketime
   cannot wrap (libfaketime issue #130: the server does not start), so the jump is
   applied by its effect, with a Lua script that expires those keys at once;
-* ``kleppmann``: the whole timeline of that scenario on three nodes: one gateway
+* ``kleppmann``: the whole timeline of that scenario on three nodes (of one group,
+  with Redlock groups; so are a partition's two nodes): one gateway
   is cut off from node C (so its grants hold A and B), and node B's clock jumps
   forward again and again: the other gateway can then grant the same name on B
   and C while the first lease is still valid. Mutual exclusion is gone by design
@@ -195,15 +196,14 @@ class Nemesis:
 
     async def partition(self, seconds: float) -> str:
         shape = self.rng.choice(["node_alone", "gateway_minority", "split_majorities"])
-        nodes = list(range(len(self.cluster.nodes)))
         if shape == "node_alone":
             n = self._node()
             links = [(g, n) for g in range(len(self.cluster.gateways))]
         elif shape == "gateway_minority":
             g = self._gateway()
-            links = [(g, n) for n in self.rng.sample(nodes, 2)]
+            links = [(g, n) for n in self.rng.sample(self.cluster.group_nodes(self.rng), 2)]
         else:
-            a, b = self.rng.sample(nodes, 2)
+            a, b = self.rng.sample(self.cluster.group_nodes(self.rng), 2)
             links = [(0, a), (1, b)]
         await self._links(links, "blackhole", seconds)
         return f"{shape} {links}"
@@ -276,7 +276,7 @@ class Nemesis:
 
     async def kleppmann(self, seconds: float) -> str:
         g = self._gateway()
-        c, b = self.rng.sample(range(len(self.cluster.nodes)), 2)
+        c, b = self.rng.sample(self.cluster.group_nodes(self.rng), 2)
         proxy = self.cluster.proxies[g][c]
         node = self.cluster.nodes[b]
         proxy.set("blackhole")

@@ -29,6 +29,8 @@ repeated through the other gateway. Two sabotages of the kinds:
 ``split_nodes`` (each gateway is configured with a different single Redis node:
 two lock services that know nothing of each other, as a wrong ``[locks] redis``
 would make; every exclusion and the one-lease-per-key promise are gone).
+``groups`` G > 0 runs the gateways over ``[locks] groups``: G Redlock groups of three
+nodes (``cluster.py``), the nemesis acting on every node.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class CampaignResult:
     pg_deadlocks: int = 0  # "deadlock detected" (40P01) in PostgreSQL's log, either side
     shared_writes: bool = False
     split_nodes: bool = False
+    groups: int = 0
 
     def ops(self) -> list[Op]:
         """The paired operations of the history (read again from its files)."""
@@ -103,6 +106,7 @@ async def run_campaign(
     permits: int = 2,
     shared_writes: bool = False,
     split_nodes: bool = False,
+    groups: int = 0,
     progress: Callable[[str], None] | None = None,
     progress_every: float = 5.0,
 ) -> CampaignResult:
@@ -117,7 +121,8 @@ async def run_campaign(
     say = progress or (lambda _line: None)
     stop = workdir / "stop-clients"
     ledger = [[LEDGER, k] for k in KEYS]
-    async with Cluster(workdir / "cluster", rows=KEYS, split_nodes=split_nodes) as cluster:
+    cluster_dir = workdir / "cluster"
+    async with Cluster(cluster_dir, rows=KEYS, split_nodes=split_nodes, groups=groups) as cluster:
         procs: list[subprocess.Popen[bytes]] = []
         nemesis = Nemesis(cluster, procs, rng)
         try:
@@ -171,7 +176,7 @@ async def run_campaign(
     return CampaignResult(
         seed, seconds, sabotage, unfenced_direct, Counter(p.kind for p in schedule),
         nemesis.injected, report, statuses, history, nemesis.windows, deadlocks,
-        shared_writes, split_nodes,
+        shared_writes, split_nodes, groups,
     )  # fmt: skip
 
 

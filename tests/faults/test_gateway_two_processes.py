@@ -51,7 +51,8 @@ LONG_PAUSE = 0.2  # share of cycles that pause past the TTL between read and wri
 
 
 def toml_value(value: object) -> str:
-    """A TOML literal for a str, int, bool or list of them (enough for these configs)."""
+    """A TOML literal for a str, int, bool, list or inline table of them (enough for these
+    configs)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -60,6 +61,8 @@ def toml_value(value: object) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(value)
 
 
