@@ -6,8 +6,9 @@
 * ``reader``: a shared lock (``"mode": "shared"``) on a name the exclusive writers
   use (``{store}/{key}``) -> fenced GET with the shared token (it raises the store's
   mark, R23) -> hold a moment -> release. With ``shared_writes`` (a sabotage) it
-  then PUTs the value it read + 1 with that token, as an exclusive holder would:
-  shared holders write together and lose updates;
+  reads without the token, holds on for part of the TTL and PUTs the value it read
+  + 1 with its token, as an exclusive holder would: shared holders write together
+  and lose updates;
 * ``semaphore``: ``/v1/semaphores/{name}`` with ``permits`` on one of ``semaphores``
   -> hold a while, renew sometimes (``renew`` ops with the new validity) -> release;
 * ``idempotent``: an exclusive write cycle, a shared read or a semaphore hold whose
@@ -29,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from tests.campaign.client import Client, ClientSpec, Outcome
+from tests.campaign.client import Client, ClientSpec, Outcome, decode, encode
 
 __all__ = ["KindsClient", "main"]
 
@@ -86,7 +87,7 @@ class KindsClient(Client):
     def shared_read(self, store: str, key: str, lease: dict[str, Any]) -> None:
         """Fenced GET with the shared token; with ``shared_writes`` (sabotage) a write too."""
         if self.spec.shared_writes:
-            self.modify(store, key, lease)
+            self.shared_write(store, key, lease)
             return
         self.call(
             "read", store, key, "GET", f"/v1/stores/{store}/{key}",
@@ -94,6 +95,29 @@ class KindsClient(Client):
             ok=(200, 404),
         )  # fmt: skip
         time.sleep(self.rng.uniform(0, 0.05))
+
+    def shared_write(self, store: str, key: str, lease: dict[str, Any]) -> None:
+        """The sabotage: read-modify-write under a shared lease, holding it between read and
+        write for part of the TTL so that other shared holders read the same value. The
+        read is plain: a fenced one would raise the mark to this token, and a shared
+        holder with a lower token that wrote after it would be refused (fencing would
+        still save the data unless two shared grants shared a token)."""
+        name = f"{store}/{key}"
+        row = store in self.spec.row_stores
+        token = str(lease["token"])
+        read = self.call(
+            "read", store, key, "GET", f"/v1/stores/{name}", fields={**lease, "fenced": False},
+            ok=(200, 404),
+        )  # fmt: skip
+        if read.kind != "ok":
+            return
+        value = decode(read, row=row)
+        time.sleep(self.rng.uniform(0.05, 0.5) * self.spec.ttl_ms / 1000)
+        self.call(
+            "write", store, key, "PUT", f"/v1/stores/{name}",
+            fields={**lease, "value": value + 1}, body=encode(value + 1, row=row),
+            headers={"X-Fencing-Token": token},
+        )  # fmt: skip
 
     def hold_permit(self, store: str, key: str, lease: dict[str, Any]) -> None:
         """Hold for part of the TTL; sometimes renew and hold on (or pause past the TTL)."""
