@@ -25,7 +25,7 @@ Lock kinds (``kinds.py``): ``readers`` shared readers on the writers' names,
 ``semaphore_holders`` on ``SEMAPHORES`` with ``permits``, and ``idempotent``
 clients whose acquires (of every kind) carry an ``Idempotency-Key`` and are
 repeated through the other gateway. Two sabotages of the kinds:
-``shared_writes`` (the shared readers write with their shared token) and
+``shared_writes`` (the shared readers read unfenced and write with their token) and
 ``split_nodes`` (each gateway is configured with a different single Redis node:
 two lock services that know nothing of each other, as a wrong ``[locks] redis``
 would make; every exclusion and the one-lease-per-key promise are gone).
