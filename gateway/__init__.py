@@ -1,7 +1,8 @@
 """The fencegate HTTP gateway: locks with fencing tokens in front of fenced storage.
 
 Names are imported on first use, so ``import gateway.client`` does not load
-the server (aiohttp.web, asyncpg, prometheus_client, storage_adapters).
+the server (aiohttp.web, redis, asyncpg, prometheus_client, storage_adapters),
+and ``gateway.SyncFencegateClient`` loads only the standard library.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.app import create_app
-    from gateway.client import FencegateClient, SyncFencegateClient
+    from gateway.client import FencegateClient
     from gateway.config import Config, ConfigError, load_config
+    from gateway.sync_client import SyncFencegateClient
 
 __all__ = [
     "Config",
@@ -29,7 +31,7 @@ _WHERE = {
     "load_config": "gateway.config",
     "create_app": "gateway.app",
     "FencegateClient": "gateway.client",
-    "SyncFencegateClient": "gateway.client",
+    "SyncFencegateClient": "gateway.sync_client",
 }
 
 

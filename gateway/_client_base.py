@@ -1,7 +1,8 @@
 """What the async and the sync client share: errors by API code, the lease, paths, TLS.
 
-Nothing here imports the server (aiohttp.web, asyncpg, prometheus_client,
-storage_adapters), so ``import gateway.client`` stays light.
+Standard library only (and ``lockservice.lease``, which is too): nothing here
+imports the server or aiohttp, so ``gateway.sync_client`` needs no third-party
+package and ``gateway.client`` only aiohttp (tests/gateway/test_client_imports.py).
 """
 
 from __future__ import annotations

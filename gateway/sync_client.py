@@ -31,12 +31,27 @@ from typing import Any, Final, Self, cast
 from urllib.parse import urlsplit
 
 from gateway._client_base import (
+    BadRequest,
+    BadToken,
     FencegateError,
+    Forbidden,
     GatewayUnavailable,
     Lease,
     LeaseLost,
+    LockHeld,
     LockStatus,
+    NotFound,
+    PermitsMismatch,
+    QuorumUnavailable,
+    ShuttingDown,
     SslOption,
+    StaleToken,
+    StorageUnavailable,
+    TokenNotIssued,
+    TokenRequired,
+    TooLarge,
+    Unauthorized,
+    UnknownStore,
     acquire_path,
     acquire_semaphore_path,
     check_base_url,
@@ -52,7 +67,30 @@ from gateway._client_base import (
     store_path,
 )
 
-__all__ = ["SyncFencegateClient"]
+__all__ = [
+    "BadRequest",
+    "BadToken",
+    "FencegateError",
+    "Forbidden",
+    "GatewayUnavailable",
+    "Lease",
+    "LeaseLost",
+    "LockHeld",
+    "LockStatus",
+    "NotFound",
+    "PermitsMismatch",
+    "QuorumUnavailable",
+    "ShuttingDown",
+    "SslOption",
+    "StaleToken",
+    "StorageUnavailable",
+    "SyncFencegateClient",
+    "TokenNotIssued",
+    "TokenRequired",
+    "TooLarge",
+    "Unauthorized",
+    "UnknownStore",
+]
 
 log = logging.getLogger(__name__)
 
