@@ -68,7 +68,18 @@ class Refuse:
 
 def main(argv: list[str]) -> int:
     mode, url = argv
+    loaded = sorted(SERVER_DEPENDENCIES.intersection(sys.modules))
+    if loaded:  # a module loaded already is never looked up again: the hook could not see it
+        print(f"loaded before the hook: {loaded}", file=sys.stderr)
+        return 1
     sys.meta_path.insert(0, Refuse(stdlib_only=mode == "sync"))
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        print("the hook did not refuse redis", file=sys.stderr)
+        return 1
     try:
         if mode == "sync":
             run_sync(url)
