@@ -30,14 +30,15 @@ import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, TokenRequired
-from gateway.config import Config, ConfigError, load_config
 from gateway.groups_cli import add_parser as add_groups_parser
 from gateway.pg_cli import add_parser as add_pg_parser
-from gateway.tls import server_ssl_context
 from lockservice.lease import MAX_PERMITS
+
+if TYPE_CHECKING:
+    from gateway.config import Config
 
 __all__ = ["main"]
 
@@ -73,7 +74,8 @@ def _version() -> str:
 
 # serve
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import fail, serve  # the server's dependencies, only for serve
+    from gateway.config import ConfigError, load_config  # the server's modules, only for serve
+    from gateway.serve import fail, serve
 
     overrides: dict[str, object] = {}
     if args.listen:
@@ -102,6 +104,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config
+    from gateway.tls import server_ssl_context
+
     try:
         config = load_config(args.file, env=os.environ)
         if config.tls is not None:

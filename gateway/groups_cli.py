@@ -21,10 +21,6 @@ import os
 import sys
 from typing import Any, Final
 
-from gateway.config import ConfigError, load_config
-from lockservice.carry import CarryFailed, carry_over
-from lockservice.placement import GroupSpec
-
 __all__ = ["add_parser"]
 
 REFUSED: Final = 1
@@ -44,6 +40,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _carry(args: argparse.Namespace) -> int:
+    # The server's modules load when the verb runs, not when the parser is built.
+    from gateway.config import ConfigError, load_config
+    from lockservice.carry import CarryFailed, carry_over
+    from lockservice.placement import GroupSpec
+
     if not args.config:
         print("fencegate groups: --config FILE is required (or FENCEGATE_CONFIG)", file=sys.stderr)
         return REFUSED

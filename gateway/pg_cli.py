@@ -15,13 +15,10 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import asyncpg
-
-from gateway.config import ConfigError, StoreConfig, load_config, redact
-from storage_adapters.errors import StorageError, TableMismatch
-from storage_adapters.pg_fencing import install_fencing, uninstall_fencing
+if TYPE_CHECKING:
+    from gateway.config import StoreConfig
 
 __all__ = ["add_parser"]
 
@@ -58,7 +55,11 @@ def add_parser(subparsers: Any) -> None:
         p.set_defaults(handler=_handler, pg_verb=name)
 
 
+# The server's modules (config, asyncpg, storage_adapters) load when a pg verb
+# runs, not when the ``fencegate`` command builds its parser.
 def _handler(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config
+
     if not args.config:
         print("fencegate pg: --config FILE is required (or FENCEGATE_CONFIG)", file=sys.stderr)
         return REFUSED
@@ -86,6 +87,12 @@ def _handler(args: argparse.Namespace) -> int:
 
 
 async def _apply(args: argparse.Namespace, store: StoreConfig) -> int:
+    import asyncpg
+
+    from gateway.config import redact
+    from storage_adapters.errors import StorageError, TableMismatch
+    from storage_adapters.pg_fencing import install_fencing, uninstall_fencing
+
     assert store.dsn is not None
     assert store.table is not None
     assert store.key_column is not None

@@ -1,11 +1,11 @@
 """Use a Python client with the server's dependencies refused at import.
 
-Run as a script: ``python client_without_server.py async|sync URL``. It installs
-an import hook that refuses the server's dependencies and every project module
-the clients do not need, imports the client (``sync``: with everything outside
-the standard library refused, aiohttp too), then takes, renews, inspects and
-releases a lock at the gateway ``URL``. It prints ``ok`` and exits 0, or exits
-1 with the reason on stderr.
+Run as a script: ``python client_without_server.py async|sync|cli URL``. It
+installs an import hook that refuses the server's dependencies and every project
+module the clients do not need, imports the client (``sync``: with everything
+outside the standard library refused, aiohttp too; ``cli``: the ``fencegate``
+command), then takes, renews, inspects and releases a lock at the gateway
+``URL``. It prints ``ok`` and exits 0, or exits 1 with the reason on stderr.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ CLIENT_MODULES = frozenset(
     {
         "gateway",
         "gateway._client_base",
+        "gateway.cli",
         "gateway.client",
+        "gateway.groups_cli",
+        "gateway.pg_cli",
+        "gateway.run",
         "gateway.sync_client",
         "lockservice",
         "lockservice.lease",
@@ -83,6 +87,8 @@ def main(argv: list[str]) -> int:
     try:
         if mode == "sync":
             run_sync(url)
+        elif mode == "cli":
+            run_cli(url)
         else:
             run_async(url)
     except ImportError as exc:
@@ -111,6 +117,30 @@ def run_sync(url: str) -> None:
             pass
         else:
             raise AssertionError("a second release did not raise LeaseLost")
+
+
+def run_cli(url: str) -> None:
+    import contextlib
+    import io
+    import json
+
+    from gateway.cli import main as fencegate
+
+    def verb(*argv: str) -> dict[str, object]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = fencegate([*argv, "--url", url, "--json"])
+        assert code == 0, (argv, code, out.getvalue())
+        reply: dict[str, object] = json.loads(out.getvalue())
+        return reply
+
+    grant = verb("lock", "no-server-deps/cli", "--ttl-ms", "5000")
+    lease_id = str(grant["lease_id"])
+    verb("renew", "no-server-deps/cli", "--lease-id", lease_id)
+    assert verb("status", "no-server-deps/cli")["held"] is True
+    verb("unlock", "no-server-deps/cli", "--lease-id", lease_id)
+    assert verb("status", "no-server-deps/cli")["held"] is False
+    assert fencegate(["run", "no-server-deps/cli", "--url", url, "--", "true"]) == 0
 
 
 def run_async(url: str) -> None:

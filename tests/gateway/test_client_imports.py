@@ -4,7 +4,8 @@ Each case runs ``tests/gateway/client_without_server.py`` in a fresh interpreter
 against a real gateway: it refuses hiredis, redis, asyncpg, prometheus_client,
 storage_adapters, aiobotocore, asyncmy, uvloop and every project module but the
 clients' (``sync``: everything outside the standard library), then locks,
-renews, inspects and releases through the client.
+renews, inspects and releases through the client (``cli``: the ``fencegate``
+command's HTTP verbs).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ async def run_probe(mode: str, url: str) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("mode", ["async", "sync", "cli"])
 async def test_a_client_works_without_the_server_dependencies(mode: str, url: str) -> None:
     code, out, err = await run_probe(mode, url)
     assert (code, out.strip()) == (0, "ok"), err
