@@ -267,19 +267,59 @@ def _authenticate_request(request: web.Request, keys: tuple[ApiKey, ...]) -> Non
         request[API_KEY] = key  # scopes an Idempotency-Key to the key that sent it
 
 
+class _ClientWatch:
+    """Calls ``cut`` once the request's connection is closed: checked every ``every`` s.
+
+    aiohttp does not cancel a handler when its client goes away (its server's
+    ``handler_cancellation`` is off: a store write is never cut half-way by a
+    disconnect). A waiting acquire must be, or the next release hands the lock
+    to nobody; aiohttp has no public hook for the close, so the transport is
+    looked at on a timer, for acquires only and only while one runs.
+    """
+
+    __slots__ = ("_cut", "_every", "_handle", "_request")
+
+    def __init__(self, request: web.Request, cut: _Cut, every: float) -> None:
+        self._request, self._cut, self._every = request, cut, every
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._handle = asyncio.get_running_loop().call_later(self._every, self._check)
+
+    def _check(self) -> None:
+        if _client_gone(self._request):
+            self._handle = None
+            self._cut()
+        else:
+            self._arm()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+_CLIENT_CHECK_S: Final = 0.05
+"""How often a running acquire looks whether its client is still connected."""
+
+
 async def _unless_drained(
     state: GatewayState, task: asyncio.Task[Any], handler: Handler, request: web.Request
 ) -> web.StreamResponse:
-    """``handler``'s answer, or 503 ``shutting_down`` if draining starts while it runs.
+    """``handler``'s answer; 503 ``shutting_down`` if draining starts while it runs;
+    499 if its client goes away while it runs.
 
-    An acquire may wait up to ``max_wait_ms``: far longer than a shutdown may take.
-    Draining cancels it (in this task: no task of its own), which runs the lock
-    service's cleanup (no partial grant is left), and the waiter gets an HTTP answer
-    it can act on instead of a closed connection. A grant that the cancellation came
-    too late for stands.
+    An acquire may wait up to ``max_wait_ms``: far longer than a shutdown may take,
+    or than its client may stay. Draining, or the client's disconnect, cancels it
+    (in this task: no task of its own), which runs the lock service's cleanup (no
+    partial grant is left, a hand-over is given back), and a draining waiter gets
+    an HTTP answer it can act on instead of a closed connection. A grant that the
+    cancellation came too late for stands (an ``Idempotency-Key`` repeat gets it back).
     """
-    drain = _Cut(task)
+    drain, gone = _Cut(task), _Cut(task)
     state.on_drain.add(drain)
+    watch = _ClientWatch(request, gone, _CLIENT_CHECK_S)
     try:
         # One loop turn before the handler runs (as when it ran in a task of its own):
         # a client that closed right after its request is seen gone then, and its
@@ -288,15 +328,23 @@ async def _unless_drained(
         return await handler(request)
     except asyncio.CancelledError:
         state.on_drain.discard(drain)
+        watch.stop()
         if drain.take_back():
             raise ShuttingDown(
                 "the gateway is shutting down and stopped waiting for the lock; "
                 "retry on another replica"
             ) from None
+        if gone.take_back():
+            log.debug(
+                "%s %s: the client went away while it waited", request.method, route_label(request)
+            )
+            return web.Response(status=499)  # nobody reads it; counted as 499 (nginx's)
         raise
     finally:
         state.on_drain.discard(drain)
+        watch.stop()
         drain.take_back()  # a cut that came too late: the grant stands
+        gone.take_back()
 
 
 MIDDLEWARES: Final = (gateway_middleware,)

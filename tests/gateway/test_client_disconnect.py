@@ -1,0 +1,120 @@
+"""An acquire whose client went away while it waited leaves nothing behind.
+
+aiohttp does not cancel a handler when its client disconnects; without the
+gateway's own watch, a waiter that gave up (``curl -m 0.5``) stays queued and is
+granted a lease at the next release that nobody can release. Three real
+redis-server nodes, the gateway over a real socket, the client a raw TCP
+connection that is closed while the acquire waits.
+
+The gateway runs under ``web.AppRunner`` as ``fencegate serve`` runs it, not
+under aiohttp's ``TestServer`` (the ``aiohttp_client`` fixture): that one turns
+``handler_cancellation`` on, which hides the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from tests._servers import RedisNode
+from tests.gateway.conftest import make_config
+
+KINDS = {
+    # kind: (route, the holder's body, the waiter's body)
+    "exclusive": ("locks", {}, {}),
+    "shared": ("locks", {}, {"mode": "shared"}),
+    "semaphore": ("semaphores", {"permits": 1}, {"permits": 1}),
+}
+
+
+async def _give_up(port: int, path: str, body: dict[str, Any], after: float) -> bytes:
+    """POST ``body`` to ``path`` on a raw connection and close it ``after`` seconds."""
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), after)
+    except TimeoutError:
+        return b""
+    finally:
+        writer.close()
+
+
+def _requests(registry: CollectorRegistry, route: str, status: str) -> float:
+    value = registry.get_sample_value(
+        "fencegate_http_requests_total", {"route": route, "method": "POST", "status": status}
+    )
+    return value or 0.0
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_a_waiter_whose_client_went_away_is_not_granted_at_the_release(
+    redis3: list[RedisNode], kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    app = create_app(make_config(lock_urls=[n.url for n in redis3]), registry=registry)
+    runner = web.AppRunner(app, access_log=None)  # as `fencegate serve` runs it
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as client:
+            await _schedule(client, port, kind, registry, caplog)
+    finally:
+        await runner.cleanup()
+
+
+async def _schedule(
+    client: aiohttp.ClientSession,
+    port: int,
+    kind: str,
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    route, holder_body, waiter_body = KINDS[kind]
+    path = f"/v1/{route}/cx2"
+    caplog.set_level(logging.DEBUG)
+
+    response = await client.post(path, json={"ttl_ms": 10_000, **holder_body})
+    assert response.status == 200, await response.text()
+    lease_id = (await response.json())["lease_id"]
+
+    # The waiter gives up after 0.5 s of its 5 s wait, without an answer.
+    answer = await _give_up(port, path, {"ttl_ms": 8000, "wait_ms": 5000, **waiter_body}, 0.5)
+    assert answer == b""
+    await asyncio.sleep(0.5)
+
+    response = await client.delete(path, headers={"X-Lease-Id": lease_id})
+    assert response.status == 204
+    # Nobody waits any more: the name is free at once, not held for the dead waiter's 8 s.
+    deadline = asyncio.get_running_loop().time() + 1.0
+    while True:
+        status = await (await client.get(path)).json()
+        if not status["held"] or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert status["held"] is False, status
+
+    template = f"/v1/{route}/{{name}}"
+    assert _requests(registry, template, "500") == 0
+    assert _requests(registry, template, "499") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
+    ]
+    # and the name can be taken again at once
+    response = await client.post(path, json={"ttl_ms": 1000, **holder_body})
+    assert response.status == 200, await response.text()
