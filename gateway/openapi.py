@@ -493,10 +493,25 @@ def _components() -> dict[str, Any]:
                 ["store", "key", "token"], store=STR, key=STR, token={"type": ["integer", "null"]}
             ),
             "Readiness": _object(
-                ["ready", "draining", "locks", "stores"],
+                ["ready", "draining", "locks", "semaphores", "stores"],
                 ready={"type": "boolean"},
                 draining={"type": "boolean"},
                 locks=STR,
+                semaphores={
+                    **_object(
+                        ["ready"],
+                        ready={"type": "boolean"},
+                        reason={**STR, "description": "why not, per node; only when not ready"},
+                    ),
+                    "description": "whether a semaphore could be granted now: it needs every "
+                    "node (of its group), not a quorum. Not part of the top-level ready: "
+                    "locks still grant with a node down",
+                },
+                lock_groups={
+                    "type": "object",
+                    "additionalProperties": STR,
+                    "description": "with [locks] groups: each group, ok or why it cannot grant",
+                },
                 locks_ready_in_s={
                     "type": "number",
                     "description": "when locks are refused only because nodes are "

@@ -237,12 +237,19 @@ async def readyz(request: web.Request) -> web.Response:
     )
     draining = request.app[STATE].draining
     store_states = dict(zip(stores, pings, strict=True))
-    lock_state, retry, groups = locks if isinstance(locks, tuple) else (locks, None, ())
+    lock_state, retry, groups, semaphores = (
+        locks if isinstance(locks, tuple) else (locks, None, (), locks)
+    )
     ready = not draining and lock_state == "ok" and all(s == "ok" for s in pings)
     body: dict[str, object] = {
         "ready": ready,
         "draining": draining,
         "locks": lock_state,
+        # Not part of "ready": a semaphore needs every node (R32), and taking the
+        # gateway out of rotation for it would stop the locks, which need a quorum.
+        "semaphores": {"ready": True}
+        if semaphores == "ok"
+        else {"ready": False, "reason": semaphores},
         "stores": store_states,
     }
     if groups:  # [locks] groups: each Redlock group, "ok" or why it cannot grant
@@ -256,7 +263,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def _probe(
     check: Any, seconds: float, refused: str
-) -> str | tuple[str, float | None, tuple[tuple[str, str], ...]]:
+) -> str | tuple[str, float | None, tuple[tuple[str, str], ...], str]:
     try:
         async with asyncio.timeout(seconds):
             result = await check
@@ -267,7 +274,8 @@ async def _probe(
     except Exception as exc:  # readiness reports any failure; it must not turn into a 500
         return f"{type(exc).__name__}: {exc}"
     if isinstance(result, Readiness):  # the locks: grantable now, or why not and how long
-        return ("ok" if result.ready else result.reason), result.retry_after, result.groups
+        lock_state = "ok" if result.ready else result.reason
+        return lock_state, result.retry_after, result.groups, result.semaphores
     return refused if result is False else "ok"
 
 

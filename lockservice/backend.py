@@ -14,12 +14,17 @@ __all__ = ["Attempt", "Backend", "Readiness", "drift"]
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
-    """Whether a lock could be granted now; if not, why and for how long at least."""
+    """Whether a lock could be granted now; if not, why and for how long at least.
+
+    ``semaphores`` says the same for a semaphore lease, which needs every node of
+    its Redlock (R32), not a quorum: ``"ok"`` or why not.
+    """
 
     ready: bool
     reason: str = ""
     retry_after: float | None = None  # seconds until quarantines end, when that is the cause
     groups: tuple[tuple[str, str], ...] = ()  # per Redlock group: (id, "ok" or why not)
+    semaphores: str = "ok"
 
 
 @dataclass(frozen=True, slots=True)

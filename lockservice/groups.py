@@ -246,12 +246,18 @@ class Groups:
         per_group = tuple(
             (gid, "ok" if r.ready else r.reason) for gid, r in zip(self.groups, states, strict=True)
         )
+        semaphores = "; ".join(
+            f"group {gid}: {r.semaphores}"
+            for gid, r in zip(self.groups, states, strict=True)
+            if r.semaphores != "ok"
+        )
+        semaphores = semaphores or "ok"
         if all(r.ready for r in states):
-            return Readiness(True, groups=per_group)
+            return Readiness(True, groups=per_group, semaphores=semaphores)
         reason = "; ".join(f"group {gid}: {text}" for gid, text in per_group if text != "ok")
         waits = [r.retry_after for r in states if not r.ready]
         retry = None if None in waits else max(w for w in waits if w is not None)
-        return Readiness(False, reason, retry, groups=per_group)
+        return Readiness(False, reason, retry, groups=per_group, semaphores=semaphores)
 
 
 def _at_least(reply: Reply, token: int) -> bool:

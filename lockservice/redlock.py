@@ -320,16 +320,21 @@ class Redlock:
         for node, reply in zip(self.nodes, rnd.replies, strict=True):
             self.health.observe(node.index, reply, refused=node.refused is not None)
         able = rnd.count(_can_grant)
+        n = len(self.nodes)
+        causes = "; ".join(f"{k}: {v}" for k, v in rnd.errors(_can_grant).items())
+        semaphores = (
+            "ok"
+            if able == n
+            else f"{able} of {n} nodes can grant, a semaphore needs every node: {causes}"
+        )
         if able >= self.quorum:
-            return Readiness(True)
+            return Readiness(True, semaphores=semaphores)
         waits = sorted(r.pttl / 1000 for r in rnd.replies if isinstance(r, Quarantined))
         short = self.quorum - able
         retry = waits[short - 1] if len(waits) >= short else None
-        causes = "; ".join(f"{k}: {v}" for k, v in rnd.errors(_can_grant).items())
-        n = len(self.nodes)
         need = f"{self.quorum} needed ({n} for a semaphore)"
         reason = f"{able} of {n} nodes can grant, {need}: {causes}"
-        return Readiness(False, reason, retry)
+        return Readiness(False, reason, retry, semaphores=semaphores)
 
 
 def _agreed(tokens: Sequence[int], quorum: int) -> int:

@@ -91,6 +91,7 @@ async def test_readiness_names_each_lock_group_and_a_dead_group_fails_only_its_n
     assert body["lock_groups"]["a"] == "ok", body
     assert "0 of 1 nodes can grant" in body["lock_groups"]["b"], body
     assert body["locks"].startswith("group b: "), body
+    assert body["semaphores"]["reason"].startswith("group b: 0 of 1 nodes can grant"), body
     names = [f"r/{i}" for i in range(20)]
     of_a = next(n for n in names if owner(n, ["a", "b"]) == "a")
     of_b = next(n for n in names if owner(n, ["a", "b"]) == "b")
@@ -105,3 +106,35 @@ async def test_readiness_names_each_lock_group_and_a_dead_group_fails_only_its_n
     assert series["lock_group_nodes_healthy b"] == 0, series
     assert series["lock_group_node_errors_total b"] >= 1, series
     assert series["lock_group_node_errors_total a"] == 0, series
+
+
+async def test_readiness_stays_200_with_a_node_down_but_says_semaphores_cannot_be_granted(
+    own_redis3: list[RedisNode], start: Start
+) -> None:
+    """A semaphore needs every node (R32): with 1 of 3 down, locks still grant (200), and
+    the JSON says semaphores do not, and why; they are ready again once the node is back."""
+    urls = [n.url for n in own_redis3]
+    locks = {"default_ttl_ms": 1000, "max_ttl_ms": 3000}  # a restart's quarantine is short
+    client = await start(make_config(lock_urls=urls, locks=locks))
+    body = await (await client.get("/readyz")).json()
+    assert body["semaphores"] == {"ready": True}, body
+    own_redis3[2].kill()
+    response = await client.get("/readyz")
+    body = await response.json()
+    assert response.status == 200, body
+    assert body["locks"] == "ok", body
+    assert body["semaphores"]["ready"] is False, body
+    reason = body["semaphores"]["reason"]
+    assert "2 of 3 nodes can grant, a semaphore needs every node" in reason, body
+    assert f":{own_redis3[2].port}" in reason, body
+    # what it says is what the routes do
+    assert (await client.post("/v1/locks/r/s", json={})).status == 200
+    refused = await client.post("/v1/semaphores/r/t", json={"permits": 2})
+    assert refused.status == 503, await refused.text()
+    own_redis3[2].start()
+
+    async def semaphores_ready() -> bool:
+        return bool((await (await client.get("/readyz")).json())["semaphores"]["ready"])
+
+    await wait_until(semaphores_ready, 10.0, "semaphores ready once the node is back")
+    assert (await client.post("/v1/semaphores/r/t", json={"permits": 2})).status == 200

@@ -38,6 +38,7 @@ async def test_readyz_when_ready(client: Client) -> None:
         "ready": True,
         "draining": False,
         "locks": "ok",
+        "semaphores": {"ready": True},
         "stores": {"files": "ok"},
     }
 
