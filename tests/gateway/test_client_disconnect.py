@@ -3,8 +3,8 @@
 aiohttp does not cancel a handler when its client disconnects; without the
 gateway's own watch, a waiter that gave up (``curl -m 0.5``) stays queued and is
 granted a lease at the next release that nobody can release. Three real
-redis-server nodes, the gateway over a real socket, the client a raw TCP
-connection that is closed while the acquire waits.
+redis-server nodes (and the in-process backend), the gateway over a real socket,
+the client a raw TCP connection that is closed while the acquire waits.
 
 The gateway runs under ``web.AppRunner`` as ``fencegate serve`` runs it, not
 under aiohttp's ``TestServer`` (the ``aiohttp_client`` fixture): that one turns
@@ -24,7 +24,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
-from tests._servers import RedisNode
 from tests.gateway.conftest import make_config
 
 KINDS = {
@@ -62,10 +61,10 @@ def _requests(registry: CollectorRegistry, route: str, status: str) -> float:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 async def test_a_waiter_whose_client_went_away_is_not_granted_at_the_release(
-    redis3: list[RedisNode], kind: str, caplog: pytest.LogCaptureFixture
+    lock_urls: list[str], kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     registry = CollectorRegistry()
-    app = create_app(make_config(lock_urls=[n.url for n in redis3]), registry=registry)
+    app = create_app(make_config(lock_urls=lock_urls), registry=registry)
     runner = web.AppRunner(app, access_log=None)  # as `fencegate serve` runs it
     await runner.setup()
     try:
