@@ -14,8 +14,10 @@ under aiohttp's ``TestServer`` (the ``aiohttp_client`` fixture): that one turns
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -24,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
+from tests._servers import RedisNode
 from tests.gateway.conftest import make_config
 
 KINDS = {
@@ -59,22 +62,59 @@ def _requests(registry: CollectorRegistry, route: str, status: str) -> float:
     return value or 0.0
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-async def test_a_waiter_whose_client_went_away_is_not_granted_at_the_release(
-    lock_urls: list[str], kind: str, caplog: pytest.LogCaptureFixture
-) -> None:
+@contextlib.asynccontextmanager
+async def _gateway(
+    lock_urls: list[str],
+) -> AsyncIterator[tuple[aiohttp.ClientSession, int, CollectorRegistry]]:
+    """A gateway under ``web.AppRunner`` as ``fencegate serve`` runs it; a session to it."""
     registry = CollectorRegistry()
     app = create_app(make_config(lock_urls=lock_urls), registry=registry)
-    runner = web.AppRunner(app, access_log=None)  # as `fencegate serve` runs it
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as client:
-            await _schedule(client, port, kind, registry, caplog)
+            yield client, port, registry
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_a_waiter_whose_client_went_away_is_not_granted_at_the_release(
+    lock_urls: list[str], kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with _gateway(lock_urls) as (client, port, registry):
+        await _schedule(client, port, kind, registry, caplog)
+
+
+async def test_the_lock_goes_to_the_live_waiter_behind_one_whose_client_went_away(
+    redis3: list[RedisNode],
+) -> None:
+    """The dead waiter is first in the queue: the release's hand-over goes to the live
+    one behind it at once, not after the dead one's 8 s ttl."""
+    async with _gateway([n.url for n in redis3]) as (client, port, _):
+        path = "/v1/locks/cx3"
+        response = await client.post(path, json={"ttl_ms": 10_000})
+        holder = (await response.json())["lease_id"]
+        dead = asyncio.create_task(_give_up(port, path, {"ttl_ms": 8000, "wait_ms": 5000}, 0.5))
+        await asyncio.sleep(0.1)
+        live = asyncio.create_task(client.post(path, json={"ttl_ms": 8000, "wait_ms": 5000}))
+        assert await dead == b""
+        await asyncio.sleep(0.3)
+        assert not live.done()
+        released = asyncio.get_running_loop().time()
+        assert (await client.delete(path, headers={"X-Lease-Id": holder})).status == 204
+        response = await asyncio.wait_for(live, 5.0)
+        took = asyncio.get_running_loop().time() - released
+        granted = await response.json()
+        assert response.status == 200, granted
+        assert took < 1.0, took
+        status = await (await client.get(path)).json()
+        assert status["held"] is True, status
+        assert status["token"] == granted["token"], status
+        assert status["holders"] == 1, status
 
 
 async def _schedule(
