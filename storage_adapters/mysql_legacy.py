@@ -199,6 +199,8 @@ class MysqlLegacyStore(MysqlStoreBase):
             doc = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise BadValue(f"body is not JSON: {exc}", key=key) from exc
+        except RecursionError:
+            raise BadValue("body is not JSON: nested too deeply", key=key) from None
         if not isinstance(doc, dict):
             raise BadValue(
                 f"body must be a JSON object of column values, not {type(doc).__name__}", key=key
@@ -300,7 +302,10 @@ class MysqlLegacyStore(MysqlStoreBase):
 def _bindable(value: object) -> object:
     """A JSON value as the driver binds it; objects and arrays as their JSON text."""
     if isinstance(value, dict | list):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except RecursionError:  # parsed near the limit, a few frames deeper here
+            raise BadValue("body is not JSON: nested too deeply") from None
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, float) and not math.isfinite(value):

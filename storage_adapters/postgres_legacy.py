@@ -260,6 +260,8 @@ class PostgresLegacyStore(PgStoreBase):
             doc = json.loads(text, parse_constant=_reject_constant)
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise BadValue(f"body is not JSON: {exc}", key=key) from exc
+        except RecursionError:
+            raise BadValue("body is not JSON: nested too deeply", key=key) from None
         if not isinstance(doc, dict):
             raise BadValue(
                 f"body must be a JSON object of column values, not {type(doc).__name__}", key=key

@@ -128,6 +128,8 @@ LEGACY_BAD_BODIES = (
     b'{"balance": "abc"}',
     b'{"note\\"; DROP TABLE accounts; --": 1}',
     b"\xff\xfe",
+    b"[" * 3000 + b"]" * 3000,  # nested past the parser's recursion limit
+    b'{"note": ' + b"[" * 3000 + b"]" * 3000 + b"}",
 )
 
 
