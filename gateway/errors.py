@@ -77,8 +77,11 @@ class BadToken(GatewayError):
 
     code = "bad_token"
 
-    def __init__(self, value: str) -> None:
+    def __init__(self, value: str, *, copies: int = 1) -> None:
         shown = value if len(value) <= 40 else value[:40] + "..."
+        if copies > 1:
+            super().__init__(f"X-Fencing-Token is sent {copies} times ({shown!r}); send one token")
+            return
         super().__init__(
             f"X-Fencing-Token {shown!r} is not a positive integer below 2**63 "
             "(a token from POST /v1/locks/{name})"

@@ -20,6 +20,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from gateway.errors import BadRequest
+from gateway.headers import one_header
 from gateway.state import API_KEY, CONFIG, LOCKS, METRICS
 from lockservice import Lease, LockManager
 from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, validate_name
@@ -126,7 +127,7 @@ def idempotency_key(request: web.Request) -> str | None:
     Raises:
         BadRequest: not 1-128 characters of ``A-Z a-z 0-9 . _ ~ : -``.
     """
-    value = request.headers.get(IDEMPOTENCY_HEADER)
+    value = one_header(request, IDEMPOTENCY_HEADER)
     if value is None:
         return None
     if not _IDEMPOTENCY_KEY.fullmatch(value):
@@ -220,7 +221,7 @@ async def _renew(request: web.Request) -> web.Response:
 
 async def _release(request: web.Request) -> web.Response:
     name = _lock_name(request)
-    lease_id = _lease_id(request.headers.get(LEASE_HEADER), f"header {LEASE_HEADER}")
+    lease_id = _lease_id(one_header(request, LEASE_HEADER), f"header {LEASE_HEADER}")
     metrics = request.app[METRICS]
     try:
         await request.app[LOCKS].release(LockManager.handle(name, lease_id))
@@ -256,7 +257,7 @@ async def lock_release(request: web.Request) -> web.Response:
     return await _release(request)
 
 
-@routes.get("/v1/locks/{name:.+}", name="lock_status", allow_head=False)
+@routes.get("/v1/locks/{name:.+}", name="lock_status")
 async def lock_status(request: web.Request) -> web.Response:
     """Whether a name is held, in which mode, by how many, its token, time left; no lease_id."""
     return await _status(request)
@@ -289,7 +290,7 @@ async def semaphore_release(request: web.Request) -> web.Response:
     return await _release(request)
 
 
-@routes.get("/v1/semaphores/{name:.+}", name="semaphore_status", allow_head=False)
+@routes.get("/v1/semaphores/{name:.+}", name="semaphore_status")
 async def semaphore_status(request: web.Request) -> web.Response:
     """The name's state, as for locks (``mode`` is ``semaphore`` while a semaphore holds it)."""
     return await _status(request)

@@ -39,6 +39,7 @@ from gateway.errors import (
     error_headers,
     status_of,
 )
+from gateway.headers import one_header
 from gateway.state import API_KEY, CONFIG, METRICS, STATE, GatewayState
 from storage_adapters import StoreNotStarted
 
@@ -262,7 +263,7 @@ def _authorize(key: ApiKey, request: web.Request) -> None:
 def _authenticate_request(request: web.Request, keys: tuple[ApiKey, ...]) -> None:
     """Check the bearer key of a ``/v1`` request (but ``OPEN_PATHS``) before anything else."""
     if request.path not in OPEN_PATHS:
-        key = authenticate(request.headers.get("Authorization"), keys)
+        key = authenticate(one_header(request, "Authorization"), keys)
         _authorize(key, request)
         request[API_KEY] = key  # scopes an Idempotency-Key to the key that sent it
 

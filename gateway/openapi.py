@@ -122,6 +122,34 @@ _STORE_FAIL: Final = {
 }  # fmt: skip
 
 
+_HEAD_PATHS: Final = (
+    "/v1/locks/{name}",
+    "/v1/semaphores/{name}",
+    "/v1/stats/hot",
+    "/v1/openapi.json",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+)
+"""Paths whose GET also answers HEAD (probes); a store read does not (a fenced read
+raises a mark)."""
+
+
+def _with_head(paths: dict[str, Any]) -> None:
+    """Add a HEAD operation, GET's answers without their bodies, to each of ``_HEAD_PATHS``."""
+    for path in _HEAD_PATHS:
+        get = paths[path]["get"]
+        responses = {
+            status: {k: v for k, v in answer.items() if k != "content"}
+            for status, answer in get["responses"].items()
+        }
+        paths[path]["head"] = {
+            "operationId": f"{get['operationId']}_head",
+            "summary": f"As GET, without the body: {get['summary']}",
+            "responses": responses,
+        }
+
+
 def _document() -> dict[str, Any]:
     lock = {"$ref": "#/components/parameters/LockName"}
     store_params = [
@@ -146,7 +174,10 @@ def _document() -> dict[str, Any]:
             "title": "fencegate",
             "version": "1",
             "description": "Distributed locks with fencing tokens, and storage that refuses "
-            "stale writes. Errors are JSON {error, message, ...}.",
+            "stale writes. Errors are JSON {error, message, ...}. Besides the answers each "
+            "operation lists, a path that is not here answers 404 (error: not_found), and a "
+            "method a path does not take answers 405 (error: method_not_allowed) with an "
+            "Allow header; see components.responses.",
         },
         "paths": {
             "/v1/locks/{name}": {
@@ -330,6 +361,7 @@ def _document() -> dict[str, Any]:
                             ),
                         ),
                         **_BAD,
+                        "401": _AUTH["401"],
                     },
                 }
             },
@@ -375,6 +407,14 @@ def _document() -> dict[str, Any]:
 def _components() -> dict[str, Any]:
     return {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "responses": {
+            "NotFound": _error("no route for this path", "not_found"),
+            "MethodNotAllowed": _error(
+                "the path does not take this method; Allow lists those it takes",
+                "method_not_allowed",
+                headers={"Allow": {"schema": STR, "description": "the methods of the path"}},
+            ),
+        },
         "parameters": {
             "LockName": {
                 "name": "name",
@@ -525,7 +565,9 @@ def _components() -> dict[str, Any]:
 
 @cache
 def _cached() -> dict[str, Any]:
-    return _document()
+    doc = _document()
+    _with_head(doc["paths"])
+    return doc
 
 
 def openapi() -> dict[str, Any]:

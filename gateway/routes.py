@@ -32,6 +32,7 @@ from gateway.errors import (
     TooLarge,
     UnknownStore,
 )
+from gateway.headers import one_header
 from gateway.lock_routes import routes as lock_routes
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
@@ -76,15 +77,18 @@ def _target(request: web.Request) -> tuple[StoreEntry, str]:
 def _token(request: web.Request, entry: StoreEntry, *, required: bool) -> int | None:
     if entry.config.fencing == "none":
         return None  # the baseline: no check at all (logged loudly at start)
-    value = request.headers.get(TOKEN_HEADER)
+    values = request.headers.getall(TOKEN_HEADER, None)
     metrics = request.app[METRICS]
-    if value is None:
+    if values is None:
         if not required:
             return None
         metrics.rejected(entry.name, "token_required")
         raise TokenRequired(entry.name)
+    if len(values) > 1:  # which one was meant? Neither is taken (gateway/headers.py)
+        metrics.rejected(entry.name, "bad_token")
+        raise BadToken(", ".join(values), copies=len(values))
     try:
-        return parse_token(value.strip())
+        return parse_token(values[0].strip())
     except BadToken:
         metrics.rejected(entry.name, "bad_token")
         raise
@@ -104,7 +108,8 @@ def _scope(request: web.Request, entry: StoreEntry, key: str, token: int | None)
         )
     if token is None:
         return f"{entry.name}/{key}"
-    scope = request.headers.get(LOCK_HEADER, f"{entry.name}/{key}")
+    named = one_header(request, LOCK_HEADER)
+    scope = f"{entry.name}/{key}" if named is None else named
     try:
         return validate_name(scope)
     except ValueError as exc:
@@ -167,6 +172,8 @@ async def put(request: web.Request) -> web.Response:
     return web.json_response({"store": entry.name, "key": key, "token": stored})
 
 
+# No HEAD here (405): a read with X-Fencing-Token raises the key's mark, and a
+# probe has no business reading storage; HEAD is for the service and lock routes.
 @routes.get("/v1/stores/{store}/{key:.+}", name="store_get", allow_head=False)
 async def get(request: web.Request) -> web.Response:
     """Read the key; with X-Fencing-Token, a fenced read that raises the mark first."""
@@ -195,7 +202,7 @@ async def delete(request: web.Request) -> web.Response:
 
 
 # service
-@routes.get("/v1/stats/hot", name="stats_hot", allow_head=False)
+@routes.get("/v1/stats/hot", name="stats_hot")
 async def stats_hot(request: web.Request) -> web.Response:
     """The most contended lock names of the server (all its workers) over the sliding window."""
     raw = request.query.get("n", "10")
@@ -214,19 +221,19 @@ async def stats_hot(request: web.Request) -> web.Response:
     )
 
 
-@routes.get("/v1/openapi.json", name="openapi", allow_head=False)
+@routes.get("/v1/openapi.json", name="openapi")
 async def openapi_document(request: web.Request) -> web.Response:
     """This API as an OpenAPI 3 document."""
     return web.json_response(openapi())
 
 
-@routes.get("/healthz", name="healthz", allow_head=False)
+@routes.get("/healthz", name="healthz")
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process runs and its event loop answers."""
     return web.json_response({"status": "ok"})
 
 
-@routes.get("/readyz", name="readyz", allow_head=False)
+@routes.get("/readyz", name="readyz")
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: a lock quorum answers, every store answers, and not shutting down."""
     timeout = max(request.app[CONFIG].locks.node_timeout * 5, 1.0)
@@ -289,4 +296,4 @@ def add_routes(app: web.Application, registry: CollectorRegistry | None) -> None
     app.router.add_routes(routes)
     if registry is not None:
         handler = make_aiohttp_handler(registry)
-        app.router.add_get("/metrics", handler, name="metrics", allow_head=False)
+        app.router.add_get("/metrics", handler, name="metrics")

@@ -142,7 +142,7 @@ async def test_openapi_documents_every_error_code_and_header(client: Client) -> 
     for code in ("lock_held", "quorum_unavailable", "bad_request", "lease_lost", "token_required",
                  "bad_token", "stale_token", "token_not_issued", "unknown_store", "too_large",
                  "not_found", "storage_unavailable", "unauthorized", "forbidden",
-                 "permits_mismatch"):  # fmt: skip
+                 "permits_mismatch", "method_not_allowed"):  # fmt: skip
         assert code in text, code
     for header in ("Retry-After", "X-Fencing-Token", "X-Fencing-Lock", "X-Lease-Id",
                    "Idempotency-Key"):  # fmt: skip
@@ -152,6 +152,8 @@ async def test_openapi_documents_every_error_code_and_header(client: Client) -> 
     assert "Retry-After" in acquire["409"]["headers"]
     put = doc["paths"]["/v1/stores/{store}/{key}"]["put"]["responses"]
     assert set(put) >= {"200", "400", "403", "404", "409", "413", "428", "503"}
+    assert set(doc["paths"]["/v1/stats/hot"]["get"]["responses"]) >= {"200", "400", "401"}
+    assert "Allow" in doc["components"]["responses"]["MethodNotAllowed"]["headers"]
 
 
 async def test_metrics_are_prometheus_text_with_route_templates(

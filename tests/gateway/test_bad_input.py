@@ -1,0 +1,141 @@
+"""Malformed requests beyond the contract suite: repeated headers, HEAD, nested JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from multidict import CIMultiDict
+
+from tests.gateway.conftest import (
+    API_KEYS,
+    Client,
+    Start,
+    auth_section,
+    error,
+    make_config,
+    take,
+)
+
+
+@pytest.fixture
+async def client(start: Start, files_root: Path) -> Client:
+    return await start(make_config(stores={"files": {"type": "files", "root": str(files_root)}}))
+
+
+def twice(name: str, first: str, second: str, **more: str) -> CIMultiDict[str]:
+    headers = CIMultiDict([(name, first), (name, second)])
+    headers.update(more)
+    return headers
+
+
+# -- a header sent twice is refused, never one copy taken -----------------------------------
+
+
+async def test_two_fencing_tokens_are_400_bad_token_and_nothing_written(
+    client: Client, files_root: Path
+) -> None:
+    first = await take(client, "files/doc")
+    response = await client.put(
+        "/v1/stores/files/doc",
+        data=b"v",
+        headers=twice("X-Fencing-Token", str(first["token"]), "1"),
+    )
+    body = await error(response, 400, "bad_token")
+    assert "2 times" in body["message"]
+    assert (await client.get("/v1/stores/files/doc")).status == 404
+    assert not (files_root / "doc").exists()
+
+
+async def test_two_fencing_tokens_on_a_fenced_read_raise_no_mark(client: Client) -> None:
+    grant = await take(client, "files/doc")
+    token = str(grant["token"])
+    written = await client.put(
+        "/v1/stores/files/doc", data=b"v", headers={"X-Fencing-Token": token}
+    )
+    assert written.status == 200
+    read = await client.get(
+        "/v1/stores/files/doc", headers=twice("X-Fencing-Token", str(grant["token"] + 5), token)
+    )
+    await error(read, 400, "bad_token")
+    again = await client.put("/v1/stores/files/doc", data=b"w", headers={"X-Fencing-Token": token})
+    assert again.status == 200  # no mark was raised above the holder's token
+
+
+async def test_two_fencing_locks_are_400(client: Client) -> None:
+    grant = await take(client, "files/doc")
+    headers = twice(
+        "X-Fencing-Lock", "files/doc", "other", **{"X-Fencing-Token": str(grant["token"])}
+    )
+    await error(
+        await client.put("/v1/stores/files/doc", data=b"v", headers=headers), 400, "bad_request"
+    )
+    assert (await client.get("/v1/stores/files/doc")).status == 404
+
+
+async def test_two_lease_ids_are_400_and_the_lease_stays(client: Client) -> None:
+    grant = await take(client, "held")
+    headers = twice("X-Lease-Id", grant["lease_id"], "someone-else")
+    await error(await client.delete("/v1/locks/held", headers=headers), 400, "bad_request")
+    state = await (await client.get("/v1/locks/held")).json()
+    assert state["held"] is True
+
+
+async def test_two_idempotency_keys_are_400_and_nothing_taken(client: Client) -> None:
+    headers = twice("Idempotency-Key", "a", "b")
+    response = await client.post("/v1/locks/idem", json={"ttl_ms": 5000}, headers=headers)
+    await error(response, 400, "bad_request")
+    assert (await (await client.get("/v1/locks/idem")).json())["held"] is False
+
+
+async def test_two_authorization_headers_are_400(start: Start) -> None:
+    client = await start(make_config(auth=auth_section()))
+    good = f"Bearer {API_KEYS['admin']}"
+    headers = twice("Authorization", good, f"Bearer {API_KEYS['reader']}")
+    await error(await client.get("/v1/locks/a", headers=headers), 400, "bad_request")
+    assert (await client.get("/v1/locks/a", headers={"Authorization": good})).status == 200
+
+
+# -- HEAD where GET is a probe or a lock's state ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/v1/stats/hot", "/v1/locks/a/b",
+     "/v1/semaphores/s"],
+)  # fmt: skip
+async def test_head_answers_as_get_without_a_body(client: Client, path: str) -> None:
+    get = await client.get(path)
+    head = await client.head(path)
+    assert head.status == get.status == 200
+    assert await head.read() == b""
+    assert head.headers["Content-Type"] == get.headers["Content-Type"]
+
+
+async def test_head_on_a_store_key_is_405_and_raises_no_mark(client: Client) -> None:
+    grant = await take(client, "files/doc")
+    token = str(grant["token"])
+    headers = {"X-Fencing-Token": str(grant["token"] + 1)}
+    head = await client.head("/v1/stores/files/doc", headers=headers)
+    assert head.status == 405
+    assert set(head.headers["Allow"].split(", ")) == {"GET", "PUT", "DELETE"}
+    written = await client.put(
+        "/v1/stores/files/doc", data=b"v", headers={"X-Fencing-Token": token}
+    )
+    assert written.status == 200
+
+
+async def test_allow_of_a_get_route_names_head(client: Client) -> None:
+    response = await client.post("/healthz")
+    await error(response, 405, "method_not_allowed")
+    assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD"}
+
+
+# -- JSON nested past the parser's recursion limit -------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/locks/deep", "/v1/semaphores/deep", "/v1/locks/deep/renew"])
+async def test_deeply_nested_lock_bodies_are_400(client: Client, path: str) -> None:
+    for raw in (b"[" * 3000 + b"]" * 3000, b'{"ttl_ms": ' + b"[" * 3000 + b"]" * 3000 + b"}"):
+        response = await client.post(path, data=raw, headers={"Content-Type": "application/json"})
+        await error(response, 400, "bad_request")
