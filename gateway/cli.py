@@ -4,7 +4,7 @@
 
     fencegate serve [--config F] [--listen H:P] [--workers N]
                     [--redis URL ... | --group URL,URL,URL ...]
-    fencegate check-config F
+    fencegate check-config F | --config F
     fencegate lock NAME [--ttl-ms N] [--wait-ms N] [--shared] [--idempotency-key K]
     fencegate semaphore NAME --permits N [--ttl-ms N] [--wait-ms N] [--idempotency-key K]
     fencegate renew NAME --lease-id ID [--semaphore]    fencegate status NAME
@@ -107,6 +107,10 @@ def _check_config(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError, load_config
     from gateway.tls import server_ssl_context
 
+    if (args.file is None) == (args.config_file is None):
+        print("fencegate check-config: give the config file once: F or --config F", file=sys.stderr)
+        return USAGE
+    args.file = args.file or args.config_file
     try:
         config = load_config(args.file, env=os.environ)
         if config.tls is not None:
@@ -395,7 +399,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file (and FENCEGATE_* env)")
-    check.add_argument("file")
+    check.add_argument("file", nargs="?", help="the TOML file (or --config F)")
+    check.add_argument(
+        "--config",
+        dest="config_file",
+        metavar="F",
+        default=None,
+        help="the TOML file, as serve and pg take it",
+    )
     check.set_defaults(handler=_check_config)
     add_pg_parser(sub)
     add_groups_parser(sub)

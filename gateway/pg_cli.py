@@ -118,8 +118,10 @@ async def _apply(args: argparse.Namespace, store: StoreConfig) -> int:
             mode = "a token required" if args.require_token else "unfenced writes allowed"
             print(f"installed trigger fencegate_fence on {where} ({mode})")
         else:
-            await uninstall_fencing(conn, table=store.table, schema=store.schema)
-            print(f"removed trigger fencegate_fence from {where} (data kept)")
+            if await uninstall_fencing(conn, table=store.table, schema=store.schema):
+                print(f"removed trigger fencegate_fence from {where} (data kept)")
+            else:
+                print(f"nothing to remove: {where} has no trigger fencegate_fence")
         return 0
     except TableMismatch as exc:
         print(f"fencegate pg: {exc}", file=sys.stderr)

@@ -267,20 +267,26 @@ async def install_fencing(
         await conn.execute(ddl)
 
 
-async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") -> None:
+async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") -> bool:
     """Remove the trigger from ``table`` and, once no trigger uses it, the function; idempotent.
 
     The table's rows and the high-water marks are left as they are.
+
+    Returns:
+        Whether ``table`` had the trigger (False: nothing to remove there).
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _DDL_LOCK_KEY)
-        exists = await conn.fetchval(
-            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = $1 AND c.relname = $2",
-            schema,
-            table,
+        had = bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = $1 AND c.relname = $2 AND t.tgname = 'fencegate_fence'",
+                schema,
+                table,
+            )
         )
-        if exists:
+        if had:
             target = f"{quote_ident(schema)}.{quote_ident(table)}"
             await conn.execute(f"DROP TRIGGER IF EXISTS fencegate_fence ON {target}")
         users = await conn.fetchval(
@@ -298,6 +304,7 @@ async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") ->
             )
             if not left:
                 await conn.execute("DROP SCHEMA IF EXISTS fencegate")
+    return had
 
 
 async def fencing_status(conn: Any, *, table: str, schema: str = "public") -> dict[str, Any] | None:

@@ -33,6 +33,18 @@ def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "in-process" in out
 
 
+def test_check_config_takes_the_file_as_config_option_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text('listen = "127.0.0.1:9999"\n')
+    assert main(["check-config", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"ok: {path}: ")
+    assert main(["check-config", "--config", str(path), str(path)]) == 2
+    assert main(["check-config"]) == 2
+    assert "F or --config F" in capsys.readouterr().err
+
+
 def test_check_config_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('[stores.kv]\ntype = "postgres"\ndsn = "mysql://u:hunter2@h/d"\n')

@@ -178,11 +178,15 @@ async def test_cli_installs_and_uninstalls_fencing(
             await admin.execute(f'UPDATE "{pg_schema}".accounts SET balance = 2')
         assert refused.value.sqlstate == "FG428"
 
+        said = []
         for _ in range(2):
             assert (
                 await run("pg", "uninstall-fencing", "--config", config, "--store", "accounts") == 0
             )
-        assert "data kept" in capsys.readouterr().out
+            said.append(capsys.readouterr().out)
+        assert "removed trigger fencegate_fence" in said[0]
+        assert "data kept" in said[0]
+        assert said[1].startswith("nothing to remove:"), said[1]
         assert await fencing_status(admin, table="accounts", schema=pg_schema) is None
         assert await balance(admin, pg_schema) == 1
     finally:

@@ -87,8 +87,8 @@ async def test_install_and_uninstall_are_idempotent_and_keep_the_data(
         await admin.execute(f'UPDATE "{pg_schema}".accounts SET v = 8')
     assert refused.value.sqlstate == "FG428"
 
-    await uninstall_fencing(admin, table="accounts", schema=pg_schema)
-    await uninstall_fencing(admin, table="accounts", schema=pg_schema)
+    assert await uninstall_fencing(admin, table="accounts", schema=pg_schema) is True
+    assert await uninstall_fencing(admin, table="accounts", schema=pg_schema) is False
     assert await fencing_status(admin, table="accounts", schema=pg_schema) is None
     assert await v_of(admin, pg_schema, "a") == 7
     assert await mark(admin, pg_schema, "accounts/a") == 3
