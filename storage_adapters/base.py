@@ -45,6 +45,7 @@ __all__ = [
     "NoHooks",
     "Record",
     "StoreHooks",
+    "compact_json",
     "validate_key",
     "validate_legacy_columns",
 ]
@@ -58,6 +59,19 @@ MAX_TOKEN: Final = 2**63 - 1  # PostgreSQL bigint
 _MAX_SCOPE: Final = 1024
 _KEY_RE: Final = re.compile(r"[A-Za-z0-9._~:/-]{1,512}")
 _CONTENT_TYPE_RE: Final = re.compile(r"[\x20-\x7e]{1,255}")
+# A JSON string (kept), or whitespace outside strings (dropped).
+_JSON_SPACE: Final = re.compile(r'("(?:[^"\\]+|\\.)*")|\s+')
+
+
+def compact_json(text: str) -> str:
+    """JSON text the server rendered, without the whitespace between tokens.
+
+    A legacy-table row reads back as the API's other answers do (``{"id":"r1"}``),
+    whichever server rendered it (MariaDB's ``JSON_OBJECT`` puts spaces after
+    ``:`` and ``,``; PostgreSQL does so inside json/jsonb columns). Numbers are
+    kept as the server wrote them: nothing is parsed.
+    """
+    return _JSON_SPACE.sub(lambda m: m.group(1) or "", text)
 
 
 def validate_key(key: str) -> str:

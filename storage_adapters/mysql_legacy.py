@@ -30,7 +30,13 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from storage_adapters._mysql import FENCE_DDL, MysqlStoreBase, ensure_tables, quote_ident
-from storage_adapters.base import NO_HOOKS, Record, StoreHooks, validate_legacy_columns
+from storage_adapters.base import (
+    NO_HOOKS,
+    Record,
+    StoreHooks,
+    compact_json,
+    validate_legacy_columns,
+)
 from storage_adapters.errors import BadValue, NotFound, StoreNotStarted, TableMismatch
 
 __all__ = ["MysqlLegacyStore"]
@@ -275,7 +281,7 @@ class MysqlLegacyStore(MysqlStoreBase):
         if row is None:
             raise NotFound(self.name, key)
         doc = row[0] if isinstance(row[0], str) else bytes(row[0]).decode()
-        return Record(body=doc.encode(), token=row[1], content_type=_JSON)
+        return Record(body=compact_json(doc).encode(), token=row[1], content_type=_JSON)
 
     async def _delete(self, scope: str, key: str, token: int | None) -> None:
         key_value = self._key_value(key)

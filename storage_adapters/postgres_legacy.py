@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, quote_ident, raise_mark_sql
-from storage_adapters.base import NO_HOOKS, Record, StoreHooks, validate_legacy_columns
+from storage_adapters.base import (
+    NO_HOOKS,
+    Record,
+    StoreHooks,
+    compact_json,
+    validate_legacy_columns,
+)
 from storage_adapters.errors import BadValue, NotFound, TableMismatch
 
 __all__ = ["PostgresLegacyStore", "fence_tables"]
@@ -305,7 +311,9 @@ class PostgresLegacyStore(PgStoreBase):
             row = await conn.fetchrow(self._get_sql, key, self.name)
         if row is None:
             raise NotFound(self.name, key)
-        return Record(body=row["doc"].encode(), token=row["token"], content_type=_JSON)
+        return Record(
+            body=compact_json(row["doc"]).encode(), token=row["token"], content_type=_JSON
+        )
 
     async def _delete(self, scope: str, key: str, token: int | None) -> None:
         async with self._conn() as conn:
