@@ -22,7 +22,13 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from lockservice.backend import Backend, Readiness
-from lockservice.errors import LeaseLost, LockHeld, PermitsMismatch, QuorumUnavailable
+from lockservice.errors import (
+    LeaseLost,
+    LockHeld,
+    LockServiceError,
+    PermitsMismatch,
+    QuorumUnavailable,
+)
 from lockservice.events import ContentionObserver, LockEvents, NoEvents
 from lockservice.groups import Groups
 from lockservice.idempotency import commit_tag, find_held
@@ -211,7 +217,7 @@ class LockManager(SemaphoreAPI):
             self._turns.leave(name, turn)
             waited.end(timed_out=True)
             self.events.acquire_done("held", time.perf_counter() - start, kind=mode)
-            raise LockHeld(name, retry_after=0.0) from None
+            raise LockHeld(name, retry_after=await self._held_for(name)) from None
         except BaseException:
             self._turns.leave(name, turn)
             waited.end(timed_out=False)
@@ -278,7 +284,9 @@ class LockManager(SemaphoreAPI):
                         return kind.lease(name, attempt.lease_id or lease_id, attempt, self)
                     remaining = deadline - loop.time()
                     if remaining <= 0:
-                        raise LockHeld(name, retry_after=max(attempt.retry_after, 0.001))
+                        # 0: refused behind queued waiters, not a holder; say the holders' time
+                        left = attempt.retry_after or await self._held_for(name)
+                        raise LockHeld(name, retry_after=max(left, 0.001))
                     waited.begin()
                     sleep = min(remaining, backoff * (0.5 + random.random()))
                     if attempt.retry_after > 0:
@@ -388,6 +396,15 @@ class LockManager(SemaphoreAPI):
         self.events.released(0.0, "released")
 
     # reading
+    async def _held_for(self, name: str) -> float:
+        """Seconds until the holders of ``name`` are gone: the retry hint of a request
+        refused behind queued waiters (0 when free, or when the nodes cannot say)."""
+        try:
+            info = await self._backend.inspect(name)
+        except LockServiceError:
+            return 0.0
+        return info.ttl if info.held else 0.0
+
     async def inspect(self, name: str) -> LockInfo:
         """Whether ``name`` is held, by which token, for how long (never the lease_id)."""
         try:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
 from multidict import CIMultiDict
 
+from tests._servers import RedisNode
 from tests.gateway.conftest import (
     API_KEYS,
     Client,
@@ -139,3 +142,44 @@ async def test_deeply_nested_lock_bodies_are_400(client: Client, path: str) -> N
     for raw in (b"[" * 3000 + b"]" * 3000, b'{"ttl_ms": ' + b"[" * 3000 + b"]" * 3000 + b"}"):
         response = await client.post(path, data=raw, headers={"Content-Type": "application/json"})
         await error(response, 400, "bad_request")
+
+
+# -- a refused request says when to retry ---------------------------------------------------
+
+
+async def test_shared_refused_behind_a_queued_exclusive_waiter_says_the_holders_ttl(
+    start: Start, lock_urls: list[str]
+) -> None:
+    client = await start(make_config(lock_urls=lock_urls))
+    held = await client.post("/v1/locks/q", json={"mode": "shared", "ttl_ms": 5000})
+    assert held.status == 200
+    waiter = asyncio.create_task(client.post("/v1/locks/q", json={"ttl_ms": 5000, "wait_ms": 8000}))
+    try:
+        await asyncio.sleep(0.3)  # the exclusive request is queued behind the shared holder
+        refused = await client.post("/v1/locks/q", json={"mode": "shared", "wait_ms": 0})
+        body = await error(refused, 409, "lock_held")
+        assert 3000 <= body["retry_after_ms"] <= 5000, body
+        assert int(refused.headers["Retry-After"]) >= 3, refused.headers
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+
+
+async def test_shared_refused_behind_another_gateways_waiter_says_the_holders_ttl(
+    start: Start, redis3: list[RedisNode]
+) -> None:
+    config = make_config(lock_urls=[n.url for n in redis3])
+    first, second = await start(config), await start(config)
+    held = await first.post("/v1/locks/q", json={"mode": "shared", "ttl_ms": 5000})
+    assert held.status == 200
+    waiter = asyncio.create_task(first.post("/v1/locks/q", json={"ttl_ms": 5000, "wait_ms": 8000}))
+    try:
+        await asyncio.sleep(0.3)  # queued on the nodes, not in the second gateway
+        refused = await second.post("/v1/locks/q", json={"mode": "shared", "wait_ms": 0})
+        body = await error(refused, 409, "lock_held")
+        assert 3000 <= body["retry_after_ms"] <= 5000, body
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
