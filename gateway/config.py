@@ -245,6 +245,10 @@ def load_config(
             raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ConfigError(
+                f"config file {str(path)!r} is not valid TOML: arrays or tables nested too deeply"
+            ) from None
     env = {} if env is None else env
     if path is None and not any(k.startswith("FENCEGATE_STORES_") for k in env):
         raw["stores"] = copy.deepcopy(DEFAULT_STORES)

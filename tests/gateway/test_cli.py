@@ -45,6 +45,17 @@ def test_check_config_takes_the_file_as_config_option_too(
     assert "F or --config F" in capsys.readouterr().err
 
 
+def test_check_config_of_deeply_nested_toml_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "nested too deeply" in err
+
+
 def test_check_config_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('[stores.kv]\ntype = "postgres"\ndsn = "mysql://u:hunter2@h/d"\n')
