@@ -280,7 +280,9 @@ class MysqlLegacyStore(MysqlStoreBase):
             row = await self._retrying(once)
         if row is None:
             raise NotFound(self.name, key)
-        doc = row[0] if isinstance(row[0], str) else bytes(row[0]).decode()
+        # A BLOB column holds any bytes; a byte that is not UTF-8 (written by another
+        # writer: a JSON string is UTF-8) reads as U+FFFD, so the answer stays JSON.
+        doc = row[0] if isinstance(row[0], str) else bytes(row[0]).decode(errors="replace")
         return Record(body=compact_json(doc).encode(), token=row[1], content_type=_JSON)
 
     async def _delete(self, scope: str, key: str, token: int | None) -> None:

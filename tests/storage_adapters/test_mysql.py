@@ -282,6 +282,16 @@ async def test_integer_key_column(mysql_dsn: str) -> None:
             await store.get("s", "0", None)  # "abc" was never stored as 0
 
 
+async def test_blob_columns_read_back_as_valid_compact_json(mysql_dsn: str) -> None:
+    await sql(mysql_dsn, "CREATE TABLE b (id INT PRIMARY KEY, v BLOB) ENGINE=InnoDB")
+    async with legacy(mysql_dsn, table="b", columns=["v"]) as store:
+        await store.put("s", "1", 1, b'{"v": "caf\\u00e9 ok"}')
+        assert (await store.get("s", "1", None)).body == '{"id":1,"v":"café ok"}'.encode()
+        await sql(mysql_dsn, "INSERT INTO b VALUES (2, 0x61ff62)")  # not UTF-8, by another writer
+        body = (await store.get("s", "2", None)).body
+        assert json.loads(body) == {"id": 2, "v": "a\ufffdb"}
+
+
 async def test_rows_written_outside_fencegate_have_no_token(
     accounts: MysqlLegacyStore, mysql_dsn: str
 ) -> None:
