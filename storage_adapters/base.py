@@ -286,7 +286,7 @@ class FencedStore(ABC):
 
     def _check(self, scope: str, key: str, token: int | None) -> None:
         _validate_scope(scope)
-        validate_key(key)
+        self.check_key(key)
         _validate_token(token)
 
     async def _timed(self, write: Awaitable[T]) -> T:

@@ -16,16 +16,17 @@ and the token of each key's last accepted write in ``fencegate_legacy_token``
 
 Identifiers in SQL are only those found in ``information_schema`` by
 ``start``, always quoted; values and keys are always bound parameters. The
-key column must be an integer or a (VAR)CHAR column with a single-column
-unique index; an integer key in the URL must be a decimal integer.
+key column must be an integer or a (VAR)CHAR column with a ``_bin`` collation
+and a single-column unique index; a key in the URL must be the one text form
+of its row (keyforms.py): an integer without sign or leading zeros, in the
+column's range. A case-insensitive collation is refused at start: "Key" and
+"key" would be one row under two lock names.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -38,10 +39,9 @@ from storage_adapters.base import (
     validate_legacy_columns,
 )
 from storage_adapters.errors import BadValue, NotFound, StoreNotStarted, TableMismatch
+from storage_adapters.keyforms import EXACT, KeyForm, integer_range
 
 __all__ = ["MysqlLegacyStore"]
-
-log = logging.getLogger(__name__)
 
 _JSON: Final = "application/json"
 _TOKENS_DDL: Final = (
@@ -52,9 +52,8 @@ _TOKENS_DDL: Final = (
     " PRIMARY KEY (store, `key`)"
     ") ENGINE=InnoDB"
 )
-_INTEGER_TYPES: Final = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint"})
+_INTEGER_BITS: Final = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
 _TEXT_TYPES: Final = frozenset({"char", "varchar"})
-_INTEGER: Final = re.compile(r"-?[0-9]{1,20}")
 
 
 def _reject_constant(name: str) -> Any:
@@ -107,6 +106,7 @@ class MysqlLegacyStore(MysqlStoreBase):
         self._table_q = quote_ident(table)
         self._key_q = quote_ident(key_column)
         self._integer_key = False
+        self._key_form: KeyForm | None = None
         self._get_sql = ""
 
     async def _prepare(self, cur: Any) -> None:
@@ -142,13 +142,15 @@ class MysqlLegacyStore(MysqlStoreBase):
                 self.name, where, [f"engine {found[1]!r}: only InnoDB has row locks"]
             )
         await cur.execute(
-            "SELECT COLUMN_NAME, DATA_TYPE, EXTRA, COLLATION_NAME FROM information_schema.COLUMNS"
+            "SELECT COLUMN_NAME, DATA_TYPE, EXTRA, COLLATION_NAME, COLUMN_TYPE"
+            " FROM information_schema.COLUMNS"
             " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
             (self.table,),
         )
         found_columns = await cur.fetchall()
         rows = {r[0]: (str(r[1]).lower(), str(r[2]).lower()) for r in found_columns}
         collations = {r[0]: str(r[3] or "") for r in found_columns}
+        unsigned = {r[0]: "unsigned" in str(r[4]).lower() for r in found_columns}
         # Single-column unique indexes (and the primary key) on the full column.
         await cur.execute(
             "SELECT INDEX_NAME, MAX(COLUMN_NAME), MAX(SUB_PART) FROM information_schema.STATISTICS"
@@ -165,9 +167,17 @@ class MysqlLegacyStore(MysqlStoreBase):
             problems.append(
                 f"key column {self.key_column!r} has no single-column unique index or constraint"
             )
-        elif key[0] not in _INTEGER_TYPES | _TEXT_TYPES:
+        elif key[0] not in _INTEGER_BITS.keys() | _TEXT_TYPES:
             problems.append(
                 f"key column {self.key_column!r} is {key[0]}; use an integer or (var)char column"
+            )
+        elif key[0] in _TEXT_TYPES and not collations[self.key_column].endswith("_bin"):
+            collation = collations[self.key_column]
+            problems.append(
+                f"key column {self.key_column!r} has collation {collation!r}: keys that differ"
+                " only in case name one row under two lock names; give it a _bin collation"
+                f" (ALTER TABLE ... MODIFY {self.key_column} ... COLLATE"
+                f" {collation.split('_')[0]}_bin) if its keys are case-sensitive"
             )
         for column in self.columns:
             row = rows.get(column)
@@ -178,26 +188,24 @@ class MysqlLegacyStore(MysqlStoreBase):
         if problems:
             raise TableMismatch(self.name, where, problems)
         assert key is not None
-        self._integer_key = key[0] in _INTEGER_TYPES
-        collation = collations.get(self.key_column, "")
-        if not self._integer_key and not collation.endswith("_bin"):
-            log.warning(
-                "store %r: key column %r has collation %r: keys that differ only in case or"
-                " trailing spaces name one row under two fence scopes; a _bin collation"
-                " (or X-Fencing-Lock on a coarser lock) avoids it",
-                self.name,
-                self.key_column,
-                collation,
+        self._integer_key = key[0] in _INTEGER_BITS
+        if self._integer_key:
+            self._key_form = integer_range(
+                _INTEGER_BITS[key[0]], unsigned=unsigned[self.key_column]
             )
+        else:
+            self._key_form = EXACT
+
+    def check_key(self, key: str) -> None:
+        """Also refuse any text of a key value but its canonical one (keyforms.py)."""
+        super().check_key(key)
+        if self._key_form is not None:  # not started: the call fails as not started
+            self._key_form.check(self.key_column, key)
 
     def _key_value(self, key: str) -> str | int:
-        if not self._integer_key:
-            return key
-        if not _INTEGER.fullmatch(key):
-            raise BadValue(
-                f"key {key!r} is not an integer, as the key column {self.key_column!r} is", key=key
-            )
-        return int(key)
+        """The key as bound: an int for an integer column (``check_key`` passed)."""
+        self._require_started()
+        return int(key) if self._integer_key else key
 
     def _parse_body(self, key: str, body: bytes) -> dict[str, Any]:
         """Check the body is a JSON object of writable columns; return column -> bound value."""

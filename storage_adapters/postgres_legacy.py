@@ -34,6 +34,7 @@ from storage_adapters.base import (
     validate_legacy_columns,
 )
 from storage_adapters.errors import BadValue, NotFound, TableMismatch
+from storage_adapters.keyforms import EXACT, UUID_KEYS, KeyForm, integer_range
 
 __all__ = ["PostgresLegacyStore", "fence_tables"]
 
@@ -46,9 +47,22 @@ _SETTINGS_CTE: Final = (
     " set_config('fencegate.lock', $1::text, true) AS l)"
 )
 
+# The key column types whose values each have one text form (keyforms.py).
+_KEY_FORMS: Final[dict[str, KeyForm]] = {
+    "smallint": integer_range(16),
+    "integer": integer_range(32),
+    "bigint": integer_range(64),
+    "uuid": UUID_KEYS,
+    "text": EXACT,
+    "character varying": EXACT,
+}
+
 _COLUMNS_SQL: Final = (
     "SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS full_type,"
     " format_type(a.atttypid, -1) AS base_type, a.attgenerated <> '' AS generated,"
+    " COALESCE((SELECT co.collisdeterministic FROM pg_collation co"
+    "   WHERE co.oid = a.attcollation), true) AS deterministic,"
+    " (SELECT co.collname FROM pg_collation co WHERE co.oid = a.attcollation) AS collation,"
     " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisunique"
     "   AND i.indimmediate AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL"
     "   AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum) AS unique_key"
@@ -133,6 +147,7 @@ class PostgresLegacyStore(PgStoreBase):
         self._table_q = f"{quote_ident(schema)}.{quote_ident(table)}"
         self._tokens_q = f"{self._schema_q}.{_TOKENS}"
         self._catalog: dict[str, _Column] = {}
+        self._key_form: KeyForm | None = None
         self._put_cache: dict[tuple[bool, tuple[str, ...]], str] = {}
         self._get_sql = ""
         self._delete_sql = ""
@@ -165,6 +180,18 @@ class PostgresLegacyStore(PgStoreBase):
             problems.append(
                 f"key column {self.key_column!r} has no single-column unique index or constraint"
             )
+        elif key["base_type"] not in _KEY_FORMS:
+            problems.append(
+                f"key column {self.key_column!r} has type {key['base_type']!r}, whose values"
+                " have more than one text form (two lock names for one row); use one of"
+                f" {', '.join(sorted(_KEY_FORMS))}"
+            )
+        elif not key["deterministic"]:
+            problems.append(
+                f"key column {self.key_column!r} has the non-deterministic collation"
+                f" {key['collation']!r}: keys that differ in case or form would name one row"
+                " under two lock names; use a deterministic collation (e.g. COLLATE \"C\")"
+            )
         for column in self.columns:
             row = rows.get(column)
             if row is None:
@@ -173,10 +200,17 @@ class PostgresLegacyStore(PgStoreBase):
                 problems.append(f"column {column!r} is generated and cannot be written")
         if problems:
             raise TableMismatch(self.name, where, problems)
+        self._key_form = _KEY_FORMS[rows[self.key_column]["base_type"]]
         return {
             name: _Column(quote_ident(name), rows[name]["full_type"], rows[name]["base_type"])
             for name in (self.key_column, *self.columns)
         }
+
+    def check_key(self, key: str) -> None:
+        """Also refuse any text of a key value but its canonical one (keyforms.py)."""
+        super().check_key(key)
+        if self._key_form is not None:  # not started: the call fails as not started
+            self._key_form.check(self.key_column, key)
 
     def _build_sql(self) -> None:
         key = self._catalog[self.key_column]

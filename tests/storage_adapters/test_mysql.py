@@ -252,20 +252,22 @@ async def test_only_the_columns_in_the_body_are_written(accounts: MysqlLegacySto
     assert json.loads((await accounts.get("s", "a2", None)).body)["v"] is None
 
 
-async def test_a_case_insensitive_key_column_is_warned_about(
-    mysql_dsn: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    await sql(mysql_dsn, "CREATE TABLE ci (id VARCHAR(9) COLLATE utf8mb4_general_ci PRIMARY KEY,"
-              " v INT) ENGINE=InnoDB")  # fmt: skip
-    async with legacy(mysql_dsn, table="ci", columns=["v"]):
-        pass
-    (warning,) = [r.getMessage() for r in caplog.records if "collation" in r.getMessage()]
-    assert "'utf8mb4_general_ci'" in warning
-    caplog.clear()
-    await sql(mysql_dsn, ACCOUNTS)  # ascii_bin: no warning
-    async with legacy(mysql_dsn):
-        pass
-    assert not [r for r in caplog.records if "collation" in r.getMessage()]
+@pytest.mark.parametrize(
+    "collation", ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "latin1_swedish_ci", "ascii_general_ci"]
+)
+async def test_a_case_insensitive_key_column_is_refused(mysql_dsn: str, collation: str) -> None:
+    """'Key' and 'key' are one row there: two lock names, two fence scopes for one row."""
+    charset = collation.split("_")[0]
+    await sql(mysql_dsn, f"CREATE TABLE ci (id VARCHAR(9) CHARACTER SET {charset}"
+              f" COLLATE {collation} PRIMARY KEY, v INT) ENGINE=InnoDB")  # fmt: skip
+    with pytest.raises(TableMismatch, match=f"collation '{collation}'.*COLLATE {charset}_bin"):
+        await legacy(mysql_dsn, table="ci", columns=["v"]).start()
+    await sql(mysql_dsn, f"ALTER TABLE ci MODIFY id VARCHAR(9) CHARACTER SET {charset}"
+              f" COLLATE {charset}_bin")  # fmt: skip
+    async with legacy(mysql_dsn, table="ci", columns=["v"]) as store:
+        await store.put("s", "Key", 1, b'{"v": 1}')
+        await store.put("s", "key", 1, b'{"v": 2}')
+        assert json.loads((await store.get("s", "Key", None)).body)["v"] == 1
 
 
 async def test_integer_key_column(mysql_dsn: str) -> None:
@@ -280,6 +282,27 @@ async def test_integer_key_column(mysql_dsn: str) -> None:
                 await store.get("s", key, None)
         with pytest.raises(NotFound):
             await store.get("s", "0", None)  # "abc" was never stored as 0
+        # one text per row: "042" is the row of "42", under another lock name
+        for alias in ("042", "0042", "-0", "-042"):
+            with pytest.raises(BadValue, match="without leading zeros"):
+                await store.put(f"n/{alias}", alias, 1, b'{"v": 3}')
+            with pytest.raises(BadValue, match="without leading zeros"):
+                await store.delete(f"n/{alias}", alias, 1)
+        for key in ("9223372036854775808", "-9223372036854775809", "99999999999999999999"):
+            with pytest.raises(BadValue, match="out of the range"):
+                await store.put("s", key, 1, b'{"v": 4}')
+        await store.put("s", "-9223372036854775808", 1, b'{"v": 5}')
+        assert json.loads((await store.get("s", "42", None)).body) == {"id": 42, "v": 1}
+
+
+async def test_unsigned_and_small_integer_key_ranges(mysql_dsn: str) -> None:
+    await sql(mysql_dsn, "CREATE TABLE n (id TINYINT UNSIGNED PRIMARY KEY, v INT) ENGINE=InnoDB")
+    async with legacy(mysql_dsn, table="n", columns=["v"]) as store:
+        await store.put("s", "255", 1, b'{"v": 1}')
+        await store.put("s", "0", 1, b'{"v": 1}')
+        for key in ("256", "-1"):
+            with pytest.raises(BadValue, match="out of the range 0..255"):
+                await store.put("s", key, 1, b'{"v": 2}')
 
 
 async def test_blob_columns_read_back_as_valid_compact_json(mysql_dsn: str) -> None:

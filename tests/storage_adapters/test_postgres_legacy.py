@@ -223,11 +223,12 @@ async def test_integer_key_column(admin: asyncpg.Connection, pg_dsn: str, pg_sch
             "price": 1.5,
             "seen": "2024-01-02T03:04:05+00:00",
         }
-        # "042" is the same row, and its token (kept under the canonical key "42")
-        assert (await store.get("s", "042", None)).token == 4
+        # "042" would be the same row under another lock name: refused, naming "42"
+        with pytest.raises(BadValue, match="row of key '42'"):
+            await store.get("s", "042", None)
         await store.put("s", "42", 4, b"{}")  # no column: the row is left as it is
         assert json.loads((await store.get("s", "42", None)).body)["qty"] == 3
-        with pytest.raises(BadValue, match="invalid input syntax for type bigint"):
+        with pytest.raises(BadValue, match="not an integer"):
             await store.put("s", "forty-two", 5, b'{"qty": 1}')
         with pytest.raises(BadValue, match="not-null"):
             await store.put("s", "43", 5, b'{"qty": null}')
@@ -262,3 +263,66 @@ async def test_stale_write_leaves_row_and_token(
         "opened": None,
     }
     assert (await accounts.get("s", "a", None)).token == 5
+
+
+# -- one text per row ---------------------------------------------------------------------------
+
+
+async def test_integer_keys_have_one_text_per_row(
+    admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    """'7' and '007' are one row: only '7' is a key, else two lock names would share it."""
+    await admin.execute(f'CREATE TABLE "{pg_schema}".n (id integer PRIMARY KEY, v bigint)')
+    async with legacy(pg_dsn, pg_schema, table="n", columns=["v"]) as store:
+        await store.put("n/7", "7", 5, b'{"v": 1}')
+        for alias in ("007", "07", "-0", "-07"):
+            with pytest.raises(BadValue, match="without leading zeros"):
+                await store.put(f"n/{alias}", alias, 1, b'{"v": 2}')
+            with pytest.raises(BadValue):
+                await store.get(f"n/{alias}", alias, 1)
+            with pytest.raises(BadValue):
+                await store.delete(f"n/{alias}", alias, 1)
+        for key in ("2147483648", "-2147483649", "abc", "7.0", "1e3"):
+            with pytest.raises(BadValue):
+                await store.put("n/x", key, 1, b'{"v": 2}')
+        await store.put("n/0", "0", 1, b'{"v": 0}')
+        await store.put("n/-2147483648", "-2147483648", 1, b'{"v": 3}')
+        assert json.loads((await store.get("n/7", "7", None)).body) == {"id": 7, "v": 1}
+        assert (await store.get("n/7", "7", None)).token == 5
+
+
+async def test_uuid_keys_are_lowercase_and_hyphenated(
+    admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    await admin.execute(f'CREATE TABLE "{pg_schema}".u (id uuid PRIMARY KEY, v bigint)')
+    key = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    async with legacy(pg_dsn, pg_schema, table="u", columns=["v"]) as store:
+        await store.put(f"u/{key}", key, 1, b'{"v": 1}')
+        for alias in (key.upper(), key.replace("-", ""), "urn:uuid:" + key):
+            with pytest.raises(BadValue, match=key):
+                await store.put(f"u/{alias}", alias, 1, b'{"v": 2}')
+        with pytest.raises(BadValue, match="not a UUID"):
+            await store.put("u/x", "not-a-uuid", 1, b'{"v": 2}')
+        assert json.loads((await store.get("u", key, None)).body)["v"] == 1
+
+
+@pytest.mark.parametrize(
+    ("column", "problem"),
+    [
+        ("numeric PRIMARY KEY", "has type 'numeric'"),
+        ("date PRIMARY KEY", "has type 'date'"),
+        ("boolean PRIMARY KEY", "has type 'boolean'"),
+        ("text COLLATE {schema}.nd PRIMARY KEY", "non-deterministic collation 'nd'"),
+    ],
+)
+async def test_key_columns_without_one_text_per_value_are_refused(
+    admin: asyncpg.Connection, pg_dsn: str, pg_schema: str, column: str, problem: str
+) -> None:
+    await admin.execute(
+        f'CREATE COLLATION "{pg_schema}".nd'
+        " (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+    )
+    column = column.format(schema=f'"{pg_schema}"')
+    await admin.execute(f'CREATE TABLE "{pg_schema}".k (id {column}, v bigint)')
+    with pytest.raises(TableMismatch, match=problem):
+        await legacy(pg_dsn, pg_schema, table="k", columns=["v"]).start()
