@@ -44,6 +44,7 @@ from storage_adapters.errors import (
     StaleToken,
     StorageError,
     StorageUnavailable,
+    StoreMisconfigured,
     StoreNotStarted,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "FENCE_DDL",
     "MysqlDsn",
     "MysqlStoreBase",
+    "check_exact_keys",
     "ensure_tables",
     "mysql_errors",
     "parse_dsn",
@@ -205,6 +207,35 @@ async def ensure_tables(cur: Any, tables: Mapping[str, str]) -> None:
         if table not in existing:
             log.info("creating table %s", table)
             await cur.execute(ddl)
+
+
+async def check_exact_keys(cur: Any, store: str, table: str, ddl: str) -> None:
+    """Refuse a ``table`` of fencegate's whose `key` column does not compare byte for byte.
+
+    fencegate creates it ``ascii_bin``; a table made by hand with a case-insensitive
+    collation would let "Key" and "key" (two lock names) write one row. A ``_bin``
+    collation pads with spaces (PAD SPACE) on MariaDB, which is harmless: keys
+    hold no spaces (``validate_key``). Not altered automatically: the ALTER
+    rebuilds the table under a lock, which is the operator's call.
+    """
+    await cur.execute(
+        "SELECT DATA_TYPE, COLLATION_NAME FROM information_schema.COLUMNS"
+        " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'key'",
+        (table,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise StoreMisconfigured(store, f"table {table} has no column `key`; expected: {ddl}")
+    data_type, collation = str(row[0]).lower(), str(row[1] or "")
+    if data_type in ("varbinary", "binary") or collation.endswith("_bin"):
+        return
+    raise StoreMisconfigured(
+        store,
+        f"column `key` of table {table} has collation {collation!r}: keys that differ only"
+        " in case would write one row under two lock names; make it byte-exact with"
+        f" ALTER TABLE {table} MODIFY `key` VARCHAR(512) CHARACTER SET ascii COLLATE ascii_bin"
+        " NOT NULL (fails, changing nothing, if a key is not ASCII)",
+    )
 
 
 class MysqlStoreBase(FencedStore):

@@ -21,6 +21,7 @@ from storage_adapters.errors import (
     StaleToken,
     StorageError,
     StorageUnavailable,
+    StoreMisconfigured,
     StoreNotStarted,
     UnfencedRefused,
 )
@@ -28,6 +29,7 @@ from storage_adapters.errors import (
 __all__ = [
     "RECONNECT_LOG",
     "PgStoreBase",
+    "check_exact_keys",
     "ensure_tables",
     "fence_ddl",
     "pg_errors",
@@ -150,6 +152,40 @@ async def ensure_tables(conn: Any, schema: str, tables: Mapping[str, str]) -> No
             if table not in existing:
                 log.info("creating table %s.%s", schema, table)
                 await conn.execute(ddl)
+
+
+async def check_exact_keys(conn: Any, store: str, schema: str, table: str) -> None:
+    """Refuse a ``table`` of fencegate's whose ``key`` is not text compared byte for byte.
+
+    fencegate creates it ``text`` with the database's (deterministic) collation; a
+    table made by hand with ``citext`` or a non-deterministic collation would let
+    "Key" and "key" (two lock names) write one row. Not altered automatically.
+    """
+    row = await conn.fetchrow(
+        "SELECT format_type(a.atttypid, -1) AS type, co.collname, co.collisdeterministic"
+        " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_collation co ON co.oid = a.attcollation"
+        " WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = 'key' AND NOT a.attisdropped",
+        schema,
+        table,
+    )
+    if (
+        row is not None
+        and row["type"] in ("text", "character varying")
+        and row["collisdeterministic"] is not False
+    ):
+        return
+    if row is None:
+        what = "has no column key"
+    else:
+        what = f"has column key of type {row['type']!r} collation {row['collname']!r}"
+    raise StoreMisconfigured(
+        store,
+        f"table {schema}.{table} {what}: keys must compare byte for byte, or keys that"
+        " differ only in case would write one row under two lock names; fix it with"
+        f' ALTER TABLE {quote_ident(schema)}.{table} ALTER COLUMN key TYPE text COLLATE "C"',
+    )
 
 
 def _translate(store: str, exc: BaseException) -> StorageError:

@@ -6,7 +6,8 @@ Tables (created by ``start`` in the DSN's database when missing, InnoDB)::
     fencegate_kv(store, `key` VARCHAR(512) ascii_bin, value LONGBLOB, content_type,
                  token BIGINT, updated_at, PRIMARY KEY (store, `key`))
 
-Keys compare byte for byte (``ascii_bin``), as in the other stores. Each
+Keys compare byte for byte (``ascii_bin``), as in the other stores; ``start``
+refuses an existing ``fencegate_kv`` whose key column does not (it tells the ALTER). Each
 fenced call is one transaction that locks the fence row, then the data row
 (see ``_mysql.py``); a plain read is one autocommit SELECT. A row missing at
 the time of a fenced write is inserted; two writers of one key under two
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from storage_adapters._mysql import FENCE_DDL, MysqlStoreBase, ensure_tables
+from storage_adapters._mysql import FENCE_DDL, MysqlStoreBase, check_exact_keys, ensure_tables
 from storage_adapters.base import Record
 from storage_adapters.errors import NotFound
 
@@ -65,6 +66,7 @@ class MysqlStore(MysqlStoreBase):
 
     async def _prepare(self, cur: Any) -> None:
         await ensure_tables(cur, {"fencegate_fence": FENCE_DDL, "fencegate_kv": _KV_DDL})
+        await check_exact_keys(cur, self.name, "fencegate_kv", _KV_DDL)
 
     async def _put(
         self, scope: str, key: str, token: int | None, body: bytes, content_type: str

@@ -30,7 +30,13 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final
 
-from storage_adapters._mysql import FENCE_DDL, MysqlStoreBase, ensure_tables, quote_ident
+from storage_adapters._mysql import (
+    FENCE_DDL,
+    MysqlStoreBase,
+    check_exact_keys,
+    ensure_tables,
+    quote_ident,
+)
 from storage_adapters.base import (
     NO_HOOKS,
     Record,
@@ -115,6 +121,7 @@ class MysqlLegacyStore(MysqlStoreBase):
         await ensure_tables(
             cur, {"fencegate_fence": FENCE_DDL, "fencegate_legacy_token": _TOKENS_DDL}
         )
+        await check_exact_keys(cur, self.name, "fencegate_legacy_token", _TOKENS_DDL)
         pairs = ", ".join(
             f"%s, d.{quote_ident(c)}" for c in (self.key_column, *self.columns)
         )  # the names are bound values; the columns are checked identifiers

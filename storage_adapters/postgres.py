@@ -31,7 +31,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, raise_mark_sql
+from storage_adapters._pg import (
+    PgStoreBase,
+    check_exact_keys,
+    ensure_tables,
+    fence_ddl,
+    raise_mark_sql,
+)
 from storage_adapters.base import NO_HOOKS, Record, StoreHooks
 from storage_adapters.errors import NotFound
 
@@ -123,6 +129,7 @@ class PostgresStore(PgStoreBase):
             " PRIMARY KEY (store, key))"
         )
         await ensure_tables(conn, self.schema, {"fencegate_fence": fence_ddl(s), _KV: kv_ddl})
+        await check_exact_keys(conn, self.name, self.schema, _KV)
 
     async def _put(
         self, scope: str, key: str, token: int | None, body: bytes, content_type: str

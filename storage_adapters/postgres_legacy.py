@@ -25,7 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from storage_adapters._pg import PgStoreBase, ensure_tables, fence_ddl, quote_ident, raise_mark_sql
+from storage_adapters._pg import (
+    PgStoreBase,
+    check_exact_keys,
+    ensure_tables,
+    fence_ddl,
+    quote_ident,
+    raise_mark_sql,
+)
 from storage_adapters.base import (
     NO_HOOKS,
     Record,
@@ -154,6 +161,7 @@ class PostgresLegacyStore(PgStoreBase):
 
     async def _prepare(self, conn: Any) -> None:
         await ensure_tables(conn, self.schema, fence_tables(self._schema_q))
+        await check_exact_keys(conn, self.name, self.schema, _TOKENS)
         self._catalog = await self._check_catalog(conn)
         self._build_sql()
 
@@ -190,7 +198,7 @@ class PostgresLegacyStore(PgStoreBase):
             problems.append(
                 f"key column {self.key_column!r} has the non-deterministic collation"
                 f" {key['collation']!r}: keys that differ in case or form would name one row"
-                " under two lock names; use a deterministic collation (e.g. COLLATE \"C\")"
+                ' under two lock names; use a deterministic collation (e.g. COLLATE "C")'
             )
         for column in self.columns:
             row = rows.get(column)

@@ -21,6 +21,7 @@ from storage_adapters import (
     StaleToken,
     StorageError,
     StorageUnavailable,
+    StoreMisconfigured,
     TableMismatch,
 )
 from storage_adapters._mysql import parse_dsn, quote_ident, scope_sha
@@ -253,7 +254,8 @@ async def test_only_the_columns_in_the_body_are_written(accounts: MysqlLegacySto
 
 
 @pytest.mark.parametrize(
-    "collation", ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "latin1_swedish_ci", "ascii_general_ci"]
+    "collation",
+    ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "latin1_swedish_ci", "ascii_general_ci"],
 )
 async def test_a_case_insensitive_key_column_is_refused(mysql_dsn: str, collation: str) -> None:
     """'Key' and 'key' are one row there: two lock names, two fence scopes for one row."""
@@ -398,3 +400,31 @@ async def test_repeated_refusals_leave_the_store_working(kv: MysqlStore) -> None
         with pytest.raises(StaleToken):
             await kv.put("s", "k", 4, b"four")
     assert (await kv.get("s", "k", 5)).body == b"five"
+
+
+@pytest.mark.parametrize(
+    ("table", "make"),
+    [
+        ("fencegate_kv", lambda dsn: MysqlStore("kv", dsn, pool_max=2)),
+        ("fencegate_legacy_token", lambda dsn: legacy(dsn)),
+    ],
+)
+async def test_a_case_insensitive_key_table_of_fencegate_is_refused_until_altered(
+    mysql_dsn: str, table: str, make: Any
+) -> None:
+    """A hand-made table of fencegate's keyed case-insensitively: "Key" and "key" share a row."""
+    await sql(mysql_dsn, ACCOUNTS)
+    await sql(mysql_dsn, f"CREATE TABLE {table} (store VARCHAR(64) NOT NULL,"
+              " `key` VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL,"
+              " value LONGBLOB, content_type VARCHAR(255), token BIGINT NULL,"
+              " updated_at DATETIME(6), PRIMARY KEY (store, `key`)) ENGINE=InnoDB")  # fmt: skip
+    with pytest.raises(StoreMisconfigured, match="utf8mb4_general_ci") as caught:
+        await make(mysql_dsn).start()
+    alter = str(caught.value).split("with ", 1)[1].split(" (fails", 1)[0]
+    assert alter.startswith(f"ALTER TABLE {table} MODIFY `key`")
+    await sql(mysql_dsn, alter)
+    async with make(mysql_dsn) as store:
+        await store.put("s", "Key", 1, b'{"v": 1}')
+        await store.put("s", "key", 1, b'{"v": 2}')
+        assert json.loads((await store.get("s", "Key", None)).body)["v"] == 1
+        assert json.loads((await store.get("s", "key", None)).body)["v"] == 2

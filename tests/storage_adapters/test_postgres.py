@@ -13,6 +13,7 @@ from storage_adapters import (
     PostgresStore,
     StaleToken,
     StorageUnavailable,
+    StoreMisconfigured,
 )
 from tests.storage_adapters.conftest import create_accounts, pg_settings
 
@@ -249,3 +250,32 @@ async def test_stores_sharing_a_schema_do_not_share_keys(
         await other.put("other/k", "k", 1, b"theirs")
         assert (await kv.get("kv/k", "k", None)).body == b"mine"
         assert (await other.get("other/k", "k", None)).body == b"theirs"
+
+
+async def test_a_kv_table_whose_keys_do_not_compare_byte_for_byte_is_refused(
+    admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    """A hand-made fencegate_kv keyed case-insensitively: "Key" and "key" share a row."""
+    schema = f'"{pg_schema}"'
+    await admin.execute(
+        f"CREATE SCHEMA IF NOT EXISTS {schema}; CREATE COLLATION {schema}.nd"
+        " (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+    )
+    await admin.execute(
+        f"CREATE TABLE {schema}.fencegate_kv (store text NOT NULL,"
+        f" key text COLLATE {schema}.nd NOT NULL, value bytea NOT NULL,"
+        " content_type text NOT NULL, token bigint,"
+        " updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (store, key))"
+    )
+
+    def make() -> PostgresStore:
+        return PostgresStore("kv", pg_dsn, schema=pg_schema, server_settings=pg_settings(pg_schema))
+
+    with pytest.raises(StoreMisconfigured, match="compare byte for byte") as caught:
+        await make().start()
+    alter = str(caught.value).split("fix it with ", 1)[1]
+    await admin.execute(alter)
+    async with make() as store:
+        await store.put("s", "Key", 1, b"upper")
+        await store.put("s", "key", 1, b"lower")
+        assert (await store.get("s", "Key", None)).body == b"upper"
