@@ -55,6 +55,9 @@ class Subject:
     server: bool = True
     """Reached over the network: ``cut`` before start makes its server unreachable."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """More ``[stores.<name>]`` sections for the same gateway."""
+    aliases: tuple[tuple[str, str], ...] = (("7", "007"), ("key", "Key"), ("0", "-0"))
+    """(key, other text) pairs: one row or two, never one row under two lock names."""
 
     @property
     def name(self) -> str:
@@ -188,6 +191,72 @@ async def mysql_legacy(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Sub
         )  # fmt: skip
 
 
+# -- legacy tables with typed key columns (one row, several texts) ------------------------------
+
+UUID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+INT_ALIASES = (("7", "007"), ("7", "07"), ("0", "-0"), ("-7", "-007"))
+
+
+@asynccontextmanager
+async def postgres_legacy_typed(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    """Two tables: an integer and a uuid key column, as two stores of one gateway."""
+    dsn, schema = res["pg_dsn"], res["pg_schema"]
+    conn = await asyncpg.connect(dsn)
+    try:
+        for table, key in (("by_int", "integer"), ("by_uuid", "uuid")):
+            await conn.execute(f'CREATE TABLE "{schema}".{table} ('
+                               f"{PG_ACCOUNTS.replace('id text', f'id {key}')})")  # fmt: skip
+    finally:
+        await conn.close()
+    common = {"type": "postgres", "dsn": dsn, "schema": schema, "key_column": "id",
+              "columns": ["balance", "note"]}  # fmt: skip
+    yield Subject(
+        "pg_by_int", {**common, "table": "by_int"}, _nothing, _nothing, legacy=True,
+        aliases=INT_ALIASES, extra={"pg_by_uuid": {**common, "table": "by_uuid"}},
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def mysql_legacy_typed(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    dsn = res["mysql_dsn"]
+    conn = await mysql_connect(dsn)
+    try:
+        async with conn.cursor() as cur:
+            columns = MYSQL_ACCOUNTS.split(" PRIMARY KEY", 1)[1]
+            await cur.execute(f"CREATE TABLE by_int (id INT PRIMARY KEY{columns}) ENGINE=InnoDB")
+    finally:
+        conn.close()
+    section = {"type": "mysql", "dsn": dsn, "table": "by_int", "key_column": "id",
+               "columns": ["balance", "note"]}  # fmt: skip
+    yield Subject("mysql_by_int", section, _nothing, _nothing, legacy=True, aliases=INT_ALIASES)
+
+
+async def _nothing() -> None:
+    pass
+
+
+TYPED_KEY_TYPES: dict[str, StoreType] = {
+    "postgres_legacy_typed": StoreType(("pg_dsn", "pg_schema"), postgres_legacy_typed),
+    "mysql_legacy_typed": StoreType(("mysql_dsn",), mysql_legacy_typed),
+}
+
+
+@pytest.fixture(params=list(TYPED_KEY_TYPES))
+def typed_store_type(request: pytest.FixtureRequest) -> tuple[StoreType, dict[str, Any]]:
+    entry = TYPED_KEY_TYPES[request.param]
+    return entry, {name: request.getfixturevalue(name) for name in entry.needs}
+
+
+@pytest.fixture
+async def typed_subject(
+    typed_store_type: tuple[StoreType, dict[str, Any]], tmp_path: Path
+) -> AsyncIterator[Subject]:
+    """A legacy table whose key column is typed: several texts name one row."""
+    entry, resources = typed_store_type
+    async with entry.make(resources, tmp_path) as made:
+        yield made
+
+
 # -- S3-compatible object storage ---------------------------------------------------------------
 
 
@@ -250,7 +319,8 @@ async def subject(
 
 
 def config_for(subject: Subject, lock_urls: list[str] | None = None, **top: Any) -> Config:
-    raw: dict[str, Any] = {"stores": {subject.name: subject.section}, **top}
+    stores = {subject.name: subject.section, **subject.extra}
+    raw: dict[str, Any] = {"stores": stores, **top}
     raw["locks"] = {"redis": lock_urls or [], "node_timeout_ms": 200}
     return parse_config(raw)
 

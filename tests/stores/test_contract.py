@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from tests._servers import RedisNode
 from tests.faults.test_gateway_two_processes import gateways, http_session
 from tests.gateway.conftest import drop, error, take
-from tests.stores.conftest import Client, Start, Subject, config_for
+from tests.stores.conftest import UUID, Client, Start, Subject, config_for
 
 TOKEN = "X-Fencing-Token"
 
@@ -224,6 +224,47 @@ async def test_bad_keys_are_400(client: Client, subject: Subject, path: str) -> 
     response = await client.session.put(url, data=subject.encode("x"),
                                         headers={TOKEN: str(grant["token"])})  # fmt: skip
     await error(response, 400, "bad_request")
+
+
+async def one_lock_name_per_row(client: Client, s: Subject, pairs: Any) -> None:
+    """Two texts of one key, each written under its own lock: one is refused, or two rows.
+
+    If both were accepted into one row, two holders (of ``{store}/7`` and of
+    ``{store}/007``) would write it at once, each fenced by its own mark only.
+    """
+    for key, other in pairs:
+        first = await take(client, f"{s.name}/{key}")
+        assert (await put(client, s, key, f"first {key}", first["token"])).status == 200
+        second = await take(client, f"{s.name}/{other}")
+        response = await put(client, s, other, f"second {other}", second["token"])
+        if response.status == 200:  # then it is a row of its own
+            assert await value_of(client, s, other) == f"second {other}"
+        else:
+            body = await error(response, 400, "bad_request")
+            assert repr(key) in body["message"], body  # names the one text of the row
+            for method in (client.get, client.delete):
+                refused = await method(f"/v1/stores/{s.name}/{other}",
+                                       headers={TOKEN: str(second["token"])})  # fmt: skip
+                await error(refused, 400, "bad_request")
+        assert await value_of(client, s, key) == f"first {key}"
+        await drop(client, first)
+        await drop(client, second)
+
+
+async def test_one_row_is_one_lock_name(client: Client, subject: Subject) -> None:
+    await one_lock_name_per_row(client, subject, subject.aliases)
+
+
+async def test_one_row_of_a_typed_key_column_is_one_lock_name(
+    start: Start, typed_subject: Subject
+) -> None:
+    client = await start(config_for(typed_subject))
+    await one_lock_name_per_row(client, typed_subject, typed_subject.aliases)
+    for name in typed_subject.extra:  # the uuid table
+        other = Subject(name, typed_subject.extra[name], typed_subject.cut,
+                        typed_subject.restore, legacy=True)  # fmt: skip
+        upper = UUID.upper()
+        await one_lock_name_per_row(client, other, [(UUID, upper), (UUID, UUID.replace("-", ""))])
 
 
 # -- fencing ---------------------------------------------------------------------------------------
