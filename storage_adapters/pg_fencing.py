@@ -192,7 +192,9 @@ _TRIGGER_SQL: Final = (
 )
 
 _KEY_SQL: Final = (
-    "SELECT format_type(a.atttypid, -1) AS key_type"
+    "SELECT format_type(a.atttypid, -1) AS key_type,"
+    " (SELECT co.collname FROM pg_collation co WHERE co.oid = a.attcollation"
+    "   AND NOT co.collisdeterministic) AS loose_collation"
     " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
     " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $3"
     "  AND a.attnum > 0 AND NOT a.attisdropped"
@@ -220,6 +222,16 @@ async def _check_table(conn: Any, store: str, schema: str, table: str, key_colum
             [
                 f"key column {key_column!r} has type {row['key_type']!r}; in-database fencing"
                 f" needs one of {', '.join(sorted(_KEY_TYPES))} (one text form per key)"
+            ],
+        )
+    if row["loose_collation"] is not None:
+        raise TableMismatch(
+            store,
+            where,
+            [
+                f"key column {key_column!r} has the non-deterministic collation"
+                f" {row['loose_collation']!r}: keys that differ in case or form would name"
+                " one row under two lock names; use a deterministic collation"
             ],
         )
 

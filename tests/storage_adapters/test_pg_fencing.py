@@ -116,6 +116,13 @@ async def test_install_names_a_missing_table_or_column(
         await install_fencing(
             admin, store="x", table="accounts", key_column="opened", schema=pg_schema
         )
+    await admin.execute(
+        f'CREATE COLLATION "{pg_schema}".nd'
+        " (provider = icu, locale = 'und-u-ks-level2', deterministic = false);"
+        f'CREATE TABLE "{pg_schema}".ci (id text COLLATE "{pg_schema}".nd PRIMARY KEY, v int)'
+    )
+    with pytest.raises(TableMismatch, match="non-deterministic collation 'nd'"):
+        await install_fencing(admin, store="x", table="ci", key_column="id", schema=pg_schema)
 
 
 async def test_stale_direct_update_raises_fg409_and_changes_nothing(
