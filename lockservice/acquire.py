@@ -132,12 +132,9 @@ class Acquirer:
         pending.nudge_due = False  # this try asks every node anyway
         args = (lease_id, ttl_ms, ticket, KEEPALIVE_MS)
         kind = (mode, permits, tag)
+        keys = lock_keys(name)  # once for every node
         futures = [
-            node.call(
-                scripts.ACQUIRE,
-                lock_keys(name),
-                (*args, node.run_id or "", self._process, *kind),
-            )
+            node.call(scripts.ACQUIRE, keys, (*args, node.run_id or "", self._process, *kind))
             for node in self.nodes
         ]
         before = pending.valid(start) if pending.grants else frozenset()

@@ -57,11 +57,12 @@ class Cleanups:
 
     def release(self, name: str, lease_id: str, *, later: bool) -> list[asyncio.Future[Reply]]:
         """release.lua on every node, replayed where the node is down (R6, R7)."""
+        keys = lock_keys(name)  # once for every node
         return [
             self._send(
                 i,
                 scripts.RELEASE,
-                name,
+                keys,
                 release_args(lease_id, name, self._process, node.run_id or ""),
                 later=later,
             )
@@ -71,11 +72,12 @@ class Cleanups:
     def undo_any(self, name: str, lease_id: str, spec: str) -> None:
         """Undo any grant of a try without waiting, on every node (R7): a node that has
         not answered may still grant, so it is not named, and it is replayed."""
+        keys = lock_keys(name)
         for i, node in enumerate(self._nodes):
             args = undo_args(
                 lease_id, name, self._process, node.run_id or "", ticket="", spec=spec, grant=""
             )
-            self._send(i, scripts.UNDO, name, args, later=True)
+            self._send(i, scripts.UNDO, keys, args, later=True)
 
     def undo_named(
         self, name: str, lease_id: str, ticket: str, spec: str, named: dict[int, int]
@@ -83,6 +85,7 @@ class Cleanups:
         """A queued waiter's undo of the grants ``named`` (node -> token, R13), never
         replayed; ``ticket`` '' gives them up whatever the queue (R15)."""
         futures = {}
+        keys = lock_keys(name)
         for i, token in named.items():
             node = self._nodes[i]
             args = undo_args(
@@ -94,7 +97,7 @@ class Cleanups:
                 spec=spec,
                 grant=str(token),
             )
-            futures[i] = node.call(scripts.UNDO, lock_keys(name), args, later=True)
+            futures[i] = node.call(scripts.UNDO, keys, args, later=True)
         return futures
 
     def settle_late(self, index: int, name: str, lease_id: str, granted: int, late: int) -> None:
@@ -135,10 +138,16 @@ class Cleanups:
                 node.call(script, keys, args)
 
     def _send(
-        self, index: int, script: scripts.Script, name: str, args: tuple[str, ...], *, later: bool
+        self,
+        index: int,
+        script: scripts.Script,
+        keys: tuple[str, ...],
+        args: tuple[str, ...],
+        *,
+        later: bool,
     ) -> asyncio.Future[Reply]:
-        command = (script, lock_keys(name), args)
-        fut = self._nodes[index].call(script, command[1], args, later=later)
+        command = (script, keys, args)
+        fut = self._nodes[index].call(script, keys, args, later=later)
         fut.add_done_callback(functools.partial(self._remember_if_down, index, command))
         return fut
 
