@@ -131,7 +131,8 @@ class Acquirer:
             pending = Pending(name, len(self.nodes), ttl, start, spec, need=need)
         pending.nudge_due = False  # this try asks every node anyway
         args = (lease_id, ttl_ms, ticket, KEEPALIVE_MS)
-        kind = (mode, permits, tag)
+        # ARGV[7..9] of acquire.lua default to an exclusive lease without a tag
+        kind = (mode, permits, tag) if mode != "exclusive" or tag else ()
         keys = lock_keys(name)  # once for every node
         futures = [
             node.call(scripts.ACQUIRE, keys, (*args, node.run_id or "", self._process, *kind))
