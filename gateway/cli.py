@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import base64
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -75,7 +76,8 @@ def _version() -> str:
 # serve
 def _serve(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError, load_config  # the server's modules, only for serve
-    from gateway.serve import fail, serve
+    from gateway.logs import setup_logging
+    from gateway.serve import fail, serve_one
 
     overrides: dict[str, object] = {}
     if args.listen:
@@ -100,7 +102,14 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(args.config, env=os.environ, overrides=overrides)
     except ConfigError as exc:
         return fail(str(exc))
-    return serve(config, access_log=args.access_log, log_level=args.log_level)
+    setup_logging(args.log_level or config.log_level, config.log_format)
+    for warning in config.warnings:
+        logging.getLogger("fencegate").warning("%s", warning)
+    if config.worker_count > 1:
+        from gateway.supervisor import supervise
+
+        return supervise(config, access_log=args.access_log, log_level=args.log_level)
+    return serve_one(config, access_log=args.access_log)
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -18,8 +18,8 @@ Shutdown on SIGTERM or SIGINT, within ``shutdown_timeout_ms`` of the signal:
 Failures to start (a port in use, an unusable certificate, a store that cannot
 start with ``strict_start``) are one line on stderr and exit status 1.
 
-With ``workers`` other than 1 this process is a supervisor of worker processes
-(``gateway/supervisor.py``); each worker is a gateway as above, listening on
+With ``workers`` other than 1 the CLI starts a supervisor of worker processes
+instead (``gateway/supervisor.py``); each worker is a gateway as above, listening on
 the same address with ``SO_REUSEPORT`` and serving the whole server's metrics.
 """
 
@@ -43,11 +43,10 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gateway.app import StartupError, create_app, start_draining
 from gateway.config import Address, Config, ConfigError
-from gateway.logs import setup_logging
 from gateway.shared import SharedDir, scrape_registry
 from gateway.tls import server_ssl_context
 
-__all__ = ["REFUSED", "Signals", "Worker", "serve", "serve_one"]
+__all__ = ["REFUSED", "Signals", "Worker", "fail", "serve_one"]
 
 log = logging.getLogger("fencegate")
 
@@ -62,18 +61,6 @@ class Worker:
 
     index: int
     shared: SharedDir
-
-
-def serve(config: Config, *, access_log: bool = False, log_level: str | None = None) -> int:
-    """Run a gateway for ``config`` until SIGTERM/SIGINT; the exit status."""
-    setup_logging(log_level or config.log_level, config.log_format)
-    for warning in config.warnings:
-        log.warning("%s", warning)
-    if config.worker_count > 1:
-        from gateway.supervisor import supervise
-
-        return supervise(config, access_log=access_log, log_level=log_level)
-    return serve_one(config, access_log=access_log)
 
 
 def serve_one(config: Config, *, access_log: bool = False, worker: Worker | None = None) -> int:
