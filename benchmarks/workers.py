@@ -1,22 +1,30 @@
 """HTTP lock throughput of ``fencegate serve`` with 1 and with 2 workers, gateway-bound.
 
-The load generator is ``wrk`` (C, epoll; the Debian package ``wrk``: this
-script installs it with apt-get when it runs as root, or says how) with a Lua
-script (``CYCLE_LUA``) doing lock cycles on distinct names: ``POST
-/v1/locks/{name}``, then ``DELETE`` with the lease id it got. The locks live
-on redis-server nodes of the run's own, on unix sockets (``--tcp``: loopback
-TCP, ``tests._servers.RedisNode``). Redis, wrk and the gateway share the
-machine's cores, so 2 workers on 2 cores can at most serve
+The load generator (``benchmarks/loadgen.py``) does lock cycles on distinct
+names over 64 keep-alive connections, one request in flight each: ``POST
+/v1/locks/{name}``, then ``DELETE`` with the lease id it got. By default it is
+``cyclegen`` (``benchmarks/cyclegen.c``, C and epoll, built with ``cc -O2``
+the first time): the cheapest per cycle, and exact: it finishes every request
+and releases every lease it took, and each run checks its counts against the
+gateway's own ``/metrics``. ``--loadgen wrk`` runs wrk (the Debian package
+``wrk``: installed with apt-get when running as root) with the Lua script the
+benchmark used first, ``--loadgen wrk-lean`` wrk with a cheaper one; wrk
+stops with requests in flight, so its counts may trail the gateway's by up to
+one per connection. ``python -m benchmarks.loadgen`` compares their CPU per
+cycle. The locks live on redis-server nodes of the run's own, on unix sockets
+(``--tcp``: loopback TCP, ``tests._servers.RedisNode``). Redis, the load
+generator and the gateway share the machine's cores, so 2 workers on 2 cores
+can at most serve
 
     ceiling = 2 g / (g + r + w)
 
 times the cycles of one worker, where g, r and w are the CPU per cycle of the
-gateway, Redis and wrk with one worker (one worker is held by its one core,
-two fill the machine). The scaling table therefore runs on ONE Redis node (r
-is a third of three nodes'): ``--nodes`` lists the node counts, one table
-each, the first the scaling table; the default ``1,3`` adds the same run on
-three nodes. Every gateway runs in a session of its own, as the workers do
-(the kernel's autogroup scheduling shares CPU between sessions).
+gateway, Redis and the load generator with one worker (one worker is held by
+its one core, two fill the machine). The scaling table therefore runs on ONE
+Redis node (r is a third of three nodes'): ``--nodes`` lists the node counts,
+one table each, the first the scaling table; the default ``1,3`` adds the same
+run on three nodes. Every gateway runs in a session of its own, as the workers
+do (the kernel's autogroup scheduling shares CPU between sessions).
 
 Three cases, each started fresh in every round (the order rotates):
 
@@ -29,19 +37,21 @@ Three cases, each started fresh in every round (the order rotates):
 * ``2 workers``.
 
 Per case: cycles per second (released leases / seconds); CPU per cycle of the
-gateway's processes (the supervisor and its workers), of Redis and of wrk
-(``/proc``), the gateway's split into user and system time; the cores each
-used; the gateway's read and write system calls and context switches
-(voluntary: its loop found nothing to do and slept; involuntary: another
-process took its core) per cycle. The report gives the
-medians over rounds and their ranges, the ratios per round, the ceiling, and
-how busy the machine was with other work.
+gateway's processes (the supervisor and its workers), of Redis (``/proc``) and
+of the load generator (its rusage), the gateway's split into user and system
+time; the cores each used; the gateway's read and write system calls and
+context switches (voluntary: its loop found nothing to do and slept;
+involuntary: another process took its core) per cycle. The report gives the
+medians over rounds and their ranges, the ratios per round, the ceiling, how
+busy the machine was with other work, the leases the load generator left held
+and whether its counts agree with the gateway's.
 
-    .venv/bin/python -m benchmarks.workers             # 4 rounds of 10 s per case, 1 and 3 nodes
-    .venv/bin/python -m benchmarks.workers --quick     # 1 round of 3 s: a smoke run
-    .venv/bin/python -m benchmarks.workers --nodes 1   # the scaling table alone
-    .venv/bin/python -m benchmarks.workers --tcp       # Redis over loopback TCP
-    .venv/bin/python -m benchmarks.workers --wrk-cpu 1 # wrk pinned to CPU 1
+    .venv/bin/python -m benchmarks.workers                 # 4 rounds of 10 s a case, 1 and 3 nodes
+    .venv/bin/python -m benchmarks.workers --quick         # 1 round of 3 s: a smoke run
+    .venv/bin/python -m benchmarks.workers --nodes 1       # the scaling table alone
+    .venv/bin/python -m benchmarks.workers --tcp           # Redis over loopback TCP
+    .venv/bin/python -m benchmarks.workers --loadgen wrk   # wrk and CYCLE_LUA
+    .venv/bin/python -m benchmarks.workers --loadgen-cpu 1 # the load generator on CPU 1
 
 Results: printed, and written to benchmarks/results/workers.md and workers.json
 (workers-tcp.* with --tcp, workers-quick.* with --quick).
@@ -66,12 +76,21 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks._report import command
+from benchmarks.loadgen import (
+    CONNECTIONS,
+    DESCRIBED,
+    GENERATORS,
+    LoadGen,
+    agreement,
+    count_delta,
+    lock_route_counts,
+    prepare,
+)
 from tests._servers import RedisNode, free_port
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
 ROOT: Final = Path(__file__).resolve().parent.parent
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
-CONNECTIONS: Final = 64
 CASES: Final = ("1", "1s", "2")
 CASE_NAMES: Final = {"1": "1 worker", "1s": "1 worker, supervised", "2": "2 workers"}
 USAGE: Final = ("user", "system", "syscalls", "voluntary", "involuntary")
@@ -86,57 +105,6 @@ SUPERVISED: Final = (
     "c = load_config(Path(sys.argv[1])); setup_logging(c.log_level, c.log_format); "
     "raise SystemExit(supervise(c))"
 )
-CYCLE_LUA: Final = r"""
--- Lock cycles on distinct names: POST /v1/locks/bench/<run>/<thread>/<n>, then DELETE
--- it with the lease id of the answer. One request in flight per connection; a thread's
--- connections share its queue of leases to release.
-local threads = {}
-function setup(thread)
-  thread:set("tid", #threads)
-  table.insert(threads, thread)
-end
-local pending, count = {}, 0
-acquired, released, other, run, codes = 0, 0, 0, "0", {}
-function init(args)
-  run = args[1] or "0"
-end
-function request()
-  local lease = table.remove(pending)
-  if lease then
-    return wrk.format("DELETE", "/v1/locks/" .. lease[1], {["X-Lease-Id"] = lease[2]})
-  end
-  count = count + 1
-  local name = "bench/" .. run .. "/" .. tid .. "/" .. count
-  return wrk.format("POST", "/v1/locks/" .. name,
-                    {["Content-Type"] = "application/json"}, '{"ttl_ms": 10000}')
-end
-function response(status, headers, body)
-  if status == 200 then
-    local name = string.match(body, '"name":%s*"([^"]+)"')
-    local lease = string.match(body, '"lease_id":%s*"([^"]+)"')
-    table.insert(pending, {name, lease})
-    acquired = acquired + 1
-  elseif status == 204 then
-    released = released + 1
-  else
-    other = other + 1
-    local code = tostring(status)
-    codes[code] = (codes[code] or 0) + 1
-  end
-end
-function done(summary, latency, requests)
-  local a, r, o, seen = 0, 0, 0, {}
-  for _, t in ipairs(threads) do
-    a = a + t:get("acquired"); r = r + t:get("released"); o = o + t:get("other")
-    for code, n in pairs(t:get("codes")) do seen[#seen + 1] = '"' .. code .. '": ' .. n end
-  end
-  io.write(string.format('RESULT {"acquired": %d, "released": %d, "other": %d, ' ..
-    '"codes": {%s}, "errors": %d, "p50_ms": %.3f, "p99_ms": %.3f}\n', a, r, o,
-    table.concat(seen, ", "),
-    summary.errors.connect + summary.errors.read + summary.errors.write +
-    summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(99) / 1000))
-end
-"""
 
 
 class UnixRedis:
@@ -173,25 +141,6 @@ class UnixRedis:
 
 
 Redis = RedisNode | UnixRedis
-
-
-def ensure_wrk() -> str:
-    """The path of ``wrk``; installs the Debian package when missing and running as root."""
-    found = shutil.which("wrk")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        print("installing wrk (Debian package)", file=sys.stderr)
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "wrk"],
-            check=True,
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        )
-        found = shutil.which("wrk")
-    if not found:
-        raise SystemExit("benchmarks.workers needs wrk: sudo apt-get install wrk")
-    return found
 
 
 def _usage(pid: int) -> dict[str, int]:
@@ -260,17 +209,18 @@ def start_server(case: str, redis: list[Redis], tmp: Path) -> Server:
         f'[stores.files]\ntype = "files"\nroot = "{tmp / "data"}"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
-    log = (tmp / f"gateway-{case}.log").open("ab")
     run = ["-c", SUPERVISED] if case == "1s" else ["-m", "gateway", "serve", "--config"]
     # A session of its own, as each worker has: with the kernel's autogroup scheduling a
-    # gateway in this script's session would share one group's CPU share with wrk and Redis.
-    proc = subprocess.Popen(
-        [sys.executable, *run, str(config)],
-        env={**env, "PYTHONPATH": str(ROOT)},
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
+    # gateway in this script's session would share one group's CPU share with the load
+    # generator and Redis.
+    with (tmp / f"gateway-{case}.log").open("ab") as log:  # the gateway has its own copy
+        proc = subprocess.Popen(
+            [sys.executable, *run, str(config)],
+            env={**env, "PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     server = Server(proc, port, case)
     processes = 1 if case == "1" else workers + 1
     deadline = time.monotonic() + 60
@@ -298,45 +248,24 @@ def stop_server(server: Server) -> None:
         server.proc.wait()
 
 
-def run_wrk(
-    wrk: str, script: Path, port: int, seconds: float, tag: str, cpu: int | None
-) -> dict[str, Any]:
-    """One wrk run (on CPU ``cpu`` alone if given); its RESULT line, with the CPU seconds
-    wrk itself used."""
-    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
-    proc = subprocess.Popen(
-        [wrk, "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "-s", str(script),
-         f"http://127.0.0.1:{port}", "--", tag],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=pin,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    out = proc.stdout.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"wrk failed:\n{out}")
-    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-    result["wrk_cpu_s"] = usage.ru_utime + usage.ru_stime
-    return result
-
-
 def measure(
-    wrk: str, script: Path, server: Server, redis: list[Redis], args: argparse.Namespace
+    gen: LoadGen, server: Server, redis: list[Redis], args: argparse.Namespace
 ) -> dict[str, Any]:
     tag = f"{server.case}w{time.monotonic_ns()}"
-    run_wrk(wrk, script, server.port, args.warmup, tag + "warm", args.wrk_cpu)
+    gen.run(server.port, args.warmup, tag + "warm", cpu=args.loadgen_cpu)
     redis_pids = [node.proc.pid for node in redis if node.proc is not None]
+    counts0 = lock_route_counts(server.port)  # scraped outside the measured window
     gw0, redis0, (busy0, all0) = server.usage(), _sum_usage(redis_pids), _machine_busy()
     started = time.monotonic()
-    result = run_wrk(wrk, script, server.port, args.seconds, tag, args.wrk_cpu)
+    result = gen.run(server.port, args.seconds, tag, cpu=args.loadgen_cpu)
     elapsed = time.monotonic() - started
     gw1, redis1, (busy1, all1) = server.usage(), _sum_usage(redis_pids), _machine_busy()
+    counted = count_delta(lock_route_counts(server.port), counts0)
     cycles = max(result["released"], 1)
     gateway_user = (gw1["user"] - gw0["user"]) / CLK_TCK
     gateway_cpu = gateway_user + (gw1["system"] - gw0["system"]) / CLK_TCK
     redis_cpu = (redis1["user"] + redis1["system"] - redis0["user"] - redis0["system"]) / CLK_TCK
-    wrk_cpu = result["wrk_cpu_s"]
+    loadgen_cpu = result["cpu_s"]
     machine_cpu = (busy1 - busy0) / CLK_TCK
     return {
         "case": server.case,
@@ -345,11 +274,11 @@ def measure(
         "gateway_user_us": gateway_user / cycles * 1e6,
         "gateway_system_us": (gateway_cpu - gateway_user) / cycles * 1e6,
         "redis_us": redis_cpu / cycles * 1e6,
-        "wrk_us": wrk_cpu / cycles * 1e6,
+        "loadgen_us": loadgen_cpu / cycles * 1e6,
         "gateway_cores": gateway_cpu / elapsed,
         "redis_cores": redis_cpu / elapsed,
-        "wrk_cores": wrk_cpu / elapsed,
-        "other_cores": max(0.0, machine_cpu - gateway_cpu - redis_cpu - wrk_cpu) / elapsed,
+        "loadgen_cores": loadgen_cpu / elapsed,
+        "other_cores": max(0.0, machine_cpu - gateway_cpu - redis_cpu - loadgen_cpu) / elapsed,
         "machine_cores": (all1 - all0) / CLK_TCK / elapsed,
         "syscalls": (gw1["syscalls"] - gw0["syscalls"]) / cycles,
         "voluntary": (gw1["voluntary"] - gw0["voluntary"]) / cycles,
@@ -359,6 +288,8 @@ def measure(
         "socket_errors": result["errors"],
         "p50_ms": result["p50_ms"],
         "p99_ms": result["p99_ms"],
+        "leases_left": result["acquired"] - result["released"],
+        "disagreement": agreement(result, counted, exact=gen.exact),
     }
 
 
@@ -366,7 +297,7 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run_nodes(wrk: str, script: Path, tmp: Path, nodes: int, args: argparse.Namespace) -> Any:
+def run_nodes(gen: LoadGen, tmp: Path, nodes: int, args: argparse.Namespace) -> Any:
     """Every round of every case on ``nodes`` fresh Redis nodes: [{case: row}] per round."""
     redis: list[Redis] = [
         RedisNode(tmp / f"redis{nodes}-{i}") if args.tcp else UnixRedis(tmp / f"r{nodes}-{i}")
@@ -382,15 +313,15 @@ def run_nodes(wrk: str, script: Path, tmp: Path, nodes: int, args: argparse.Name
                 case = CASES[(i + round_no) % len(CASES)]  # each case first in turn
                 server = start_server(case, redis, tmp)
                 try:
-                    results[case] = row = measure(wrk, script, server, redis, args)
+                    results[case] = row = measure(gen, server, redis, args)
                 finally:
                     stop_server(server)
                 print(
                     f"{nodes} node(s), round {round_no + 1}, {CASE_NAMES[case]}: "
                     f"{row['cycles_per_s']:,.0f} cycles/s, CPU us/cycle gateway "
-                    f"{row['gateway_us']:,.0f} redis {row['redis_us']:,.0f} wrk "
-                    f"{row['wrk_us']:,.0f}; cores gateway {row['gateway_cores']:.2f} redis "
-                    f"{row['redis_cores']:.2f} wrk {row['wrk_cores']:.2f} other "
+                    f"{row['gateway_us']:,.0f} redis {row['redis_us']:,.0f} {gen.name} "
+                    f"{row['loadgen_us']:,.1f}; cores gateway {row['gateway_cores']:.2f} redis "
+                    f"{row['redis_cores']:.2f} {gen.name} {row['loadgen_cores']:.2f} other "
                     f"{row['other_cores']:.2f}",
                     flush=True,
                 )
@@ -415,7 +346,18 @@ def main() -> None:
     parser.add_argument(
         "--tcp", action="store_true", help="Redis over loopback TCP (default: unix sockets)"
     )
-    parser.add_argument("--wrk-cpu", type=int, help="pin wrk to this CPU (default: not pinned)")
+    parser.add_argument(
+        "--loadgen",
+        choices=GENERATORS,
+        default=GENERATORS[0],
+        help="the load generator (default cyclegen; see benchmarks.loadgen)",
+    )
+    parser.add_argument(
+        "--loadgen-cpu",
+        "--wrk-cpu",
+        type=int,
+        help="pin the load generator to this CPU (default: not pinned)",
+    )
     args = parser.parse_args()
     try:
         node_counts = [int(n) for n in args.nodes.split(",")]
@@ -425,15 +367,13 @@ def main() -> None:
         parser.error(f"--nodes {args.nodes!r}: use node counts such as 1,3")
     if args.quick:
         args.rounds, args.seconds, args.warmup = 1, 3.0, 1.0
-    wrk = ensure_wrk()
     load_before = os.getloadavg()
     runs: dict[int, list[dict[str, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="fencegate-bench-workers-") as tmp_name:
         tmp = Path(tmp_name)
-        script = tmp / "cycle.lua"
-        script.write_text(CYCLE_LUA)
+        gen = prepare(args.loadgen, tmp)
         for nodes in node_counts:
-            runs[nodes] = run_nodes(wrk, script, tmp, nodes, args)
+            runs[nodes] = run_nodes(gen, tmp, nodes, args)
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
@@ -443,7 +383,8 @@ def main() -> None:
         "redis_transport": "tcp" if args.tcp else "unix",
         "seconds": args.seconds,
         "connections": CONNECTIONS,
-        "wrk_cpu": args.wrk_cpu,
+        "loadgen": args.loadgen,
+        "loadgen_cpu": args.loadgen_cpu,
         "load_before": load_before,
         "runs": {str(nodes): build_run(per_round) for nodes, per_round in runs.items()},
     }
@@ -451,9 +392,9 @@ def main() -> None:
 
 
 ROWS: Final = (
-    "cycles_per_s", "gateway_us", "gateway_user_us", "gateway_system_us", "redis_us", "wrk_us",
-    "gateway_cores", "redis_cores", "wrk_cores", "other_cores", "syscalls", "voluntary",
-    "involuntary", "p50_ms", "p99_ms",
+    "cycles_per_s", "gateway_us", "gateway_user_us", "gateway_system_us", "redis_us",
+    "loadgen_us", "gateway_cores", "redis_cores", "loadgen_cores", "other_cores", "syscalls",
+    "voluntary", "involuntary", "p50_ms", "p99_ms",
 )  # fmt: skip
 
 
@@ -470,6 +411,8 @@ def build_run(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         cases[case]["refused"] = sum(r["refused"] for r in rows)
         cases[case]["refused_codes"] = codes
         cases[case]["socket_errors"] = sum(r["socket_errors"] for r in rows)
+        cases[case]["leases_left"] = sum(r["leases_left"] for r in rows)
+        cases[case]["disagreements"] = [r["disagreement"] for r in rows if r["disagreement"]]
 
     def ratio(f: Any) -> dict[str, Any]:
         values = [f(r["1"], r["1s"], r["2"]) for r in per_round]
@@ -484,12 +427,12 @@ def build_run(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         # 2 cores over what a cycle costs the machine, against one worker on its core (1/g)
         "ceiling": ratio(
             lambda one, sup, two: (
-                2 * one["gateway_us"] / (one["gateway_us"] + one["redis_us"] + one["wrk_us"])
+                2 * one["gateway_us"] / (one["gateway_us"] + one["redis_us"] + one["loadgen_us"])
             )
         ),
         "ceiling_at_2": ratio(
             lambda one, sup, two: (
-                2 * one["gateway_us"] / (two["gateway_us"] + two["redis_us"] + two["wrk_us"])
+                2 * one["gateway_us"] / (two["gateway_us"] + two["redis_us"] + two["loadgen_us"])
             )
         ),
         "per_round": per_round,
@@ -501,14 +444,16 @@ def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     transport = "loopback TCP" if report["redis_transport"] == "tcp" else "unix sockets"
-    pinned = "not pinned" if report["wrk_cpu"] is None else f"pinned to CPU {report['wrk_cpu']}"
+    cpu = report["loadgen_cpu"]
+    pinned = "not pinned" if cpu is None else f"pinned to CPU {cpu}"
     lines = [
         "# `fencegate serve --workers`: 1 vs 2 workers",
         "",
         f"{report['when']}; {report['machine']}; `{report['command']}`: {report['rounds']} "
-        f"rounds of {report['seconds']:.0f} s per case (order rotating), wrk ({pinned}) with "
-        f"1 thread and {report['connections']} connections doing POST lock + DELETE release "
-        f"cycles on distinct names, redis-server nodes on the same machine (over {transport}). "
+        f"rounds of {report['seconds']:.0f} s per case (order rotating), the load generator "
+        f"{DESCRIBED[report['loadgen']]} ({pinned}) with {report['connections']} connections "
+        "(one request in flight each) doing POST lock + DELETE release cycles on distinct "
+        f"names, redis-server nodes on the same machine (over {transport}). "
         "Medians over rounds (min-max). *1 worker*: `workers = 1`, one process, plain "
         "metrics; *1 worker, supervised*: the `--workers` supervisor with one worker "
         "(multiprocess metrics, shared directory); *2 workers*: `--workers 2`.",
@@ -551,6 +496,12 @@ def run_lines(nodes: int, run: dict[str, Any], *, headline: bool) -> list[str]:
         codes = ", ".join(f"{n} x {code}" for code, n in sorted(c["refused_codes"].items()))
         return f"{c['refused']}{f' ({codes})' if codes else ''}; {c['socket_errors']}"
 
+    def agrees(case: str) -> str:
+        c = cases[case]
+        return f"{c['leases_left']}; " + (
+            "yes" if not c["disagreements"] else "no: " + "; ".join(c["disagreements"])
+        )
+
     def ratio(key: str, target: str = "") -> str:
         r = run[key]
         return f"**{r['median']:.2f}x** ({r['min']:.2f}-{r['max']:.2f}{target})"
@@ -566,10 +517,10 @@ def run_lines(nodes: int, run: dict[str, Any], *, headline: bool) -> list[str]:
         row("... of it in the gateway's code (user)", "gateway_user_us"),
         row("... of it in the kernel (system: sockets, scheduling)", "gateway_system_us"),
         row("CPU µs per cycle: redis (r)", "redis_us"),
-        row("CPU µs per cycle: wrk (w)", "wrk_us"),
+        row("CPU µs per cycle: load generator (w)", "loadgen_us", "{:,.1f}"),
         row("cores used: gateway", "gateway_cores", "{:.2f}"),
         row(f"cores used: redis ({nodes} node{'s' if nodes > 1 else ''})", "redis_cores", "{:.2f}"),
-        row("cores used: wrk", "wrk_cores", "{:.2f}"),
+        row("cores used: load generator", "loadgen_cores", "{:.2f}"),
         row("cores used: other work on the machine", "other_cores", "{:.2f}"),
         row("gateway reads + writes per cycle (/proc/PID/io syscr + syscw)", "syscalls", "{:.1f}"),
         row("gateway context switches per cycle: voluntary", "voluntary", "{:.2f}"),
@@ -578,6 +529,9 @@ def run_lines(nodes: int, run: dict[str, Any], *, headline: bool) -> list[str]:
         row("request latency p99 ms", "p99_ms", "{:.1f}"),
         "| answers other than 200/204; socket errors | "
         + " | ".join(refused(c) for c in CASES)
+        + " |",
+        "| leases left held; counts as the gateway's (/metrics) | "
+        + " | ".join(agrees(c) for c in CASES)
         + " |",
         "",
         "Per round: 2 workers / 1 worker throughput "
@@ -591,7 +545,8 @@ def run_lines(nodes: int, run: dict[str, Any], *, headline: bool) -> list[str]:
         + " (what the supervisor, multiprocess metrics and shared directory cost).",
         "",
         "What the machine allows: the ceiling 2g/(g+r+w) with one worker's g, r and w "
-        "(2 cores shared by the gateway, Redis and wrk, CPU per cycle as with one worker) "
+        "(2 cores shared by the gateway, Redis and the load generator, CPU per cycle as with "
+        "one worker) "
         + ratio("ceiling")
         + "; with the CPU per cycle measured with 2 workers in the denominator, "
         "2g₁/(g₂+r₂+w₂) " + ratio("ceiling_at_2") + ".",
