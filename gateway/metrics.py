@@ -43,6 +43,7 @@ same holds per worker (README "All cores of a host").
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from bisect import bisect_left
@@ -79,6 +80,22 @@ __all__ = [
 NAMESPACE: Final = "fencegate"
 MULTIPROCESS: Final = bool(getattr(values.ValueClass, "_multiprocess", False))
 """prometheus-client keeps values in ``PROMETHEUS_MULTIPROC_DIR`` (a worker of several)."""
+_PID: list[int] = [os.getpid()]
+
+
+def _own_pid() -> int:
+    """This process's pid, as last set at start or by a fork (no system call)."""
+    return _PID[0]
+
+
+if MULTIPROCESS:
+    # prometheus-client calls os.getpid() (a system call: glibc keeps no cache) on every
+    # metric update to notice a fork, which would need files of the child's own: ~16 calls
+    # a lock cycle. A fork hook notices it as well. The gateway makes every metric here,
+    # after this line, so no value was made with the default class (two classes would map
+    # the same file twice).
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+    values.ValueClass = values.MultiProcessValue(process_identifier=_own_pid)  # type: ignore[no-untyped-call]  # untyped upstream
 # The label values each hook reports (lockservice/events.py, gateway/routes.py,
 # storage_adapters/base.py); a value outside these still counts, it is just not
 # exported at 0 before its first event.
