@@ -509,11 +509,18 @@ def _markdown(report: dict[str, Any]) -> str:
         + " | ".join(agree(s) for s in gens.values())
         + " |",
         "",
+        "CPU per cycle is the generator's whole CPU time (user + system, exact) over the "
+        "cycles; its split into user and system comes from the kernel's tick samples, coarse "
+        "for a generator that used a tenth of a second.",
+        "",
         "wrk stops with requests in flight (up to one per connection, uncounted by wrk), so "
         "its counts may trail the gateway's by that much and it leaves leases held until "
         "their ttl; cyclegen finishes every request and releases every lease it took.",
         "",
-        "Load average before the run: " + ", ".join(f"{v:.2f}" for v in report["load_before"]),
+        "Load average before the run: "
+        + ", ".join(f"{v:.2f}" for v in report["load_before"])
+        + ". Other load on the machine moves throughput and CPU per cycle of every column "
+        "alike (the generators take turns against the same gateway): compare the columns.",
     ]
     return "\n".join(lines) + "\n"
 
