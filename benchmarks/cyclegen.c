@@ -14,14 +14,17 @@
  *           "errors": E, "held": H, "requests": Q, "seconds": S, "p50_ms": .., "p99_ms": ..}
  *
  * acquired: POSTs answered 200; released: DELETEs answered 204; other: answers with
- * another status (by code in codes); errors: connections closed, reset or timed out
- * (each reconnects); held: leases acquired and never released; seconds: from the
- * first request to the last answer. Latency is per request, send to full answer, from
- * a fixed log-linear histogram (64 sub-buckets per power of two: within 1.6 %).
+ * another status (by code in codes); errors: connections the gateway closed or reset
+ * (each reconnects: a POST in flight is dropped, a DELETE sent again, so a release
+ * that landed before the reset is answered 409) and requests still unanswered when the
+ * drain ended; held: acquired - released; seconds: from the first request to the last
+ * answer. Latency is per request, send to full answer, from a fixed log-linear
+ * histogram (64 sub-buckets per power of two: within 1.6 %). A connect that fails, or
+ * an answer it cannot parse, ends the run (exit 2, exit 1) without a RESULT line.
  *
  *   cyclegen -p PORT [-h 127.0.0.1] [-c 64] [-d 10] [-t TAG] [-l TTL_MS]
  *
- * Built by benchmarks/workers.py with `cc -O2` (Linux: epoll).
+ * Built by benchmarks/loadgen.py with `cc -O2` (Linux: epoll).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -219,7 +222,8 @@ static int send_req(struct conn *c) {
         if (!first_ns) first_ns = c->sent_ns;
     }
     while (c->req_sent < c->req_len) {
-        ssize_t w = write(c->fd, c->req + c->req_sent, c->req_len - c->req_sent);
+        /* MSG_NOSIGNAL: a connection the gateway closed is an error counted, not SIGPIPE */
+        ssize_t w = send(c->fd, c->req + c->req_sent, c->req_len - c->req_sent, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EAGAIN) return 1;
             return -1;

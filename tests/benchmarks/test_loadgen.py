@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +85,26 @@ def test_cyclegen_counts_each_refusal_by_its_status(
     assert counted == {"POST 400": out["requests"]}
     assert agreement(out, counted, exact=True) is None
     assert agreement({**out, "other": out["other"] - 1}, counted, exact=True) is not None
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_cyclegen_outlives_a_killed_worker_and_counts_what_it_lost(
+    two_workers: Server, tmp_path: Path
+) -> None:
+    gen = prepare("cyclegen", tmp_path)
+    worker = two_workers.pids()[1]
+    killer = threading.Timer(1.0, os.kill, (worker, signal.SIGKILL))
+    killer.start()
+    try:
+        result = gen.run(two_workers.port, 3, "k", connections=CONNECTIONS)
+    finally:
+        killer.cancel()
+    # the killed worker's connections reset: counted, reconnected (to the other worker or
+    # the restarted one), their DELETEs sent again; a lease is lost only with an error
+    assert result["errors"] >= 1
+    assert result["released"] > CONNECTIONS
+    assert 0 <= result["acquired"] - result["released"] <= result["errors"]
+    assert set(result["codes"]) <= {"409"}  # a DELETE sent again after the first one landed
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
