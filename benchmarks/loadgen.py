@@ -333,11 +333,17 @@ def count_delta(after: dict[str, float], before: dict[str, float]) -> dict[str, 
     return {k: round(v - before.get(k, 0.0)) for k, v in after.items() if v != before.get(k)}
 
 
-def agreement(result: dict[str, Any], counted: dict[str, int], *, exact: bool) -> str | None:
+def agreement(
+    result: dict[str, Any],
+    counted: dict[str, int],
+    *,
+    exact: bool,
+    connections: int = CONNECTIONS,
+) -> str | None:
     """Why the generator's counts and the gateway's (``counted``: "METHOD STATUS" ->
     answers during the run) disagree, or None. ``exact``: the generator finished every
     request it sent (cyclegen); else up to one answer per connection may be uncounted."""
-    slack = 0 if exact else CONNECTIONS
+    slack = 0 if exact else connections
     posts, deletes = counted.get("POST 200", 0), counted.get("DELETE 204", 0)
     others = sum(n for k, n in counted.items() if k not in ("POST 200", "DELETE 204"))
     problems = []
