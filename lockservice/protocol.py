@@ -245,7 +245,9 @@ R31 A lease of a moved name is extended only while both groups hold it: the old
     ``release``).                                                       [I1, I4]
 
 R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
-    hand-over (``Pending.need``), round 2 and an extend count N nodes; fewer is
+    hand-over (``Pending.need``), round 2 and an extend count N nodes (an extend
+    also when a node answers that the lease holds a permit: a handle, as the
+    gateway's renew extends, is labelled exclusive whatever its kind); fewer is
     undone like a failed try (extend: the lease keeps its old validity, or is
     lost when a node no longer holds it). An extend on a majority alone would
     let the grant expire on the other nodes, whose place a new lease takes.

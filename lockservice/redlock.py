@@ -46,11 +46,13 @@ from lockservice.replies import (
     Tagged,
     Unsynced,
     parse_count,
+    parse_extend,
     parse_find,
     parse_inspect,
     parse_state,
     parse_tag,
 )
+from lockservice.resp import Reply
 from lockservice.resync import Resyncer
 from lockservice.waiters import Waiters
 
@@ -219,16 +221,30 @@ class Redlock:
     async def extend(
         self, name: str, lease_id: str, ttl: float, *, mode: str = "exclusive"
     ) -> tuple[float, int]:
-        """Extend on Q nodes, or on every node for a semaphore lease (R32)."""
+        """Extend on Q nodes, or on every node for a semaphore lease (R32): ``mode``
+        says so, and so does any node that holds the lease as a semaphore permit (a
+        handle, e.g. the gateway's renew, is labelled exclusive whatever its kind)."""
         start = asyncio.get_running_loop().time()
-        need = grants_needed(mode, len(self.nodes))
         futures = [
             node.call(scripts.EXTEND, extend_keys(name), (lease_id, int(ttl * 1000)))
             for node in self.nodes
         ]
         n, q = len(self.nodes), self.quorum
+        semaphore = [mode == "semaphore"]
+
+        def parse(reply: Reply) -> int | Failure:
+            parsed = parse_extend(reply)
+            if isinstance(parsed, Failure):
+                return parsed
+            token, permit = parsed
+            semaphore[0] = semaphore[0] or permit
+            return token
+
+        def needed() -> int:
+            return grants_needed("semaphore" if semaphore[0] else mode, n)
 
         def decided(replies: Sequence[int | Failure | None]) -> bool:
+            need = needed()
             tokens = [r for r in replies if isinstance(r, int) and r > 0]
             if len(tokens) >= need and _agreed(tokens, q):
                 return True
@@ -240,7 +256,8 @@ class Redlock:
             if agreed[0] and isinstance(reply, int) and 0 < reply != agreed[0]:
                 self._cleanups.settle_late(i, name, lease_id, agreed[0], reply)
 
-        rnd = await self._rounds.run(futures, parse_count, decided, settle)
+        rnd = await self._rounds.run(futures, parse, decided, settle)
+        need = needed()
         tokens = [r for r in rnd.replies if isinstance(r, int) and r > 0]
         if len(tokens) >= need:
             # R26: the token Q nodes hold is the decided one: it is on a quorum (all

@@ -28,6 +28,7 @@ __all__ = [
     "describe",
     "parse_acquire",
     "parse_count",
+    "parse_extend",
     "parse_find",
     "parse_inspect",
     "parse_pong",
@@ -235,6 +236,17 @@ def parse_count(reply: Reply) -> int | Failure:
     (token/0), resync (counters raised), mark_synced (1/0)."""
     if isinstance(reply, int):
         return reply
+    return _unexpected(reply)
+
+
+def parse_extend(reply: Reply) -> tuple[int, bool] | Failure:
+    """extend.lua: the lease's token (0: not held there), and whether the lease holds
+    a semaphore permit there (R32: every node counts, whatever the caller's label)."""
+    if isinstance(reply, int):
+        return reply, False
+    ints = _ints(reply)
+    if ints is not None and len(ints) == 2:
+        return ints[0], ints[1] == 1
     return _unexpected(reply)
 
 

@@ -3,7 +3,9 @@
   KEYS[1] lock:{name}  KEYS[2] holders:{name}  KEYS[3] holdert:{name}
   ARGV[1] lease_id  ARGV[2] ttl (ms)
   Returns the lease's token when extended (the decided one when its owner
-  committed an idempotency tag, R26), 0 when the lock is absent or held by
+  committed an idempotency tag, R26), or {token, 1} for a member of a semaphore
+  group, so that the caller counts every node whatever kind it thinks the lease is
+  (R32: a handle is labelled exclusive), 0 when the lock is absent or held by
   another lease. Never re-creates an expired lock: that would hand a lost lease
   back silently. ]]
 local id, ttl = ARGV[1], tonumber(ARGV[2])
@@ -35,4 +37,8 @@ local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]
 for _, key in ipairs(KEYS) do
   redis.call('PEXPIREAT', key, last)
 end
-return tonumber(string.match(entry, '^(%d+)'))
+local token = tonumber(string.match(entry, '^(%d+)'))
+if string.match(current, '^=(%a+)') == 'semaphore' then
+  return {token, 1}
+end
+return token

@@ -113,3 +113,21 @@ async def test_a_semaphore_extend_that_misses_a_node_does_not_extend(
     await _reach(mgr, proxies, None)
     extended = await mgr.extend(lease, ttl=20.0)
     assert extended.valid_until > lease.valid_until + 10.0
+
+
+async def test_a_semaphore_extend_through_a_handle_that_misses_a_node_does_not_extend(
+    linked: list[tuple[LockManager, list[FaultProxy]]],
+) -> None:
+    """The gateway's renew routes extend a handle (name and lease id, labelled
+    exclusive: ``LockManager.handle``), whatever the lease's kind. A semaphore lease
+    renewed that way must still count every node (R32), not a majority."""
+    mgr, proxies = linked[0]
+    lease = await mgr.acquire_semaphore("sem/extend-handle", PERMITS, ttl=5.0, wait=0.0)
+    await _reach(mgr, proxies, 1)
+    handle = LockManager.handle(lease.name, lease.lease_id)  # as gateway.lock_routes does
+    with pytest.raises(QuorumUnavailable) as raised:
+        await mgr.extend(handle, ttl=20.0)
+    assert raised.value.needed == 3
+    await _reach(mgr, proxies, None)
+    extended = await mgr.extend(handle, ttl=20.0)
+    assert extended.valid_until > lease.valid_until + 10.0

@@ -385,6 +385,8 @@ def test_a_semaphore_holds_up_to_its_permits_and_refuses_other_permits(r: redis.
     assert take(r, ID_B, "semaphore", 2) == [BASE + 2, 0]
     assert take(r, ID_C, "semaphore", 2)[0] == 0  # type: ignore[index]  # full
     assert take(r, ID_C, "shared")[0] == 0  # type: ignore[index]
+    # an extend says the lease holds a permit: a handle labelled exclusive counts N (R32)
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 10_000]) == [BASE + 1, 1]
     assert release(r, ID_A) == 1
     assert take(r, ID_C, "semaphore", 2) == [BASE + 3, 0]  # a permit came free
 
