@@ -124,7 +124,10 @@ class Groups:
             other = await new.find(name, tag)
             if other is not None and other.lease_id == first.lease_id:
                 return _both(first, other)
-            old.abandon(name, lease_id)  # R31: not a lease in one group alone; again
+            # R31: not a lease in one group alone; again. Grants this try got in the old
+            # group are kept, as R28 keeps them: giving them up here (a release, replayed
+            # where it could not be sent) and trying again with this lease id would let
+            # a replay free a grant of the lease decided meanwhile (R7).
             return Attempt(0, 0.0, _AGAIN)
         if not first.token:
             return first

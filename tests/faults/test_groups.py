@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from lockservice import LockManager, QuorumUnavailable
+from lockservice import LockHeld, LockManager, QuorumUnavailable
+from lockservice.groups import Groups
 from lockservice.placement import GroupSpec, owner
 from tests._servers import RedisNode
-from tests.faults.conftest import MAX_TTL, NODE_TIMEOUT
+from tests.campaign.proxy import FaultProxy
+from tests.faults.conftest import MAX_TTL, NODE_TIMEOUT, wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -114,3 +116,66 @@ async def test_a_slow_group_does_not_delay_another_groups_acquires(
         b_nodes[0].resume()
         b_nodes[1].resume()
         await mgr.close()
+
+
+async def test_a_repeat_through_a_changing_gateway_never_reuses_a_lease_id_it_gave_up(
+    two_groups: tuple[list[RedisNode], list[RedisNode]],
+) -> None:
+    """R7, R28: a lease id whose release may still be replayed is never tried again.
+
+    A changing gateway's repeat of a key whose lease an old-configuration gateway
+    holds finds that lease in the old group alone: it gives its own grants there up
+    (``abandon``: a release, replayed on a node it could not reach) and tries again.
+    Trying again with the same lease id lets the replay that comes once the node's
+    stuck commands surely ran (``Replay``, ``stall_after`` after the reconnect) free
+    a grant of the lease that was decided in between: a third gateway then takes the
+    name in the old group while the lease is valid (I1)."""
+    a_nodes, b_nodes = two_groups
+    a = GroupSpec.of([n.url for n in a_nodes], "a")
+    b = GroupSpec.of([n.url for n in b_nodes], "b")
+    name = next(f"moved/{i}" for i in itertools.count() if owner(f"moved/{i}", ["a", "b"]) == "b")
+    proxies = [FaultProxy(int(n.url.rsplit(":", 1)[1].split("/")[0])) for n in a_nodes]
+    made: list[LockManager] = []
+    try:
+        for proxy in proxies:
+            await proxy.start()
+        via = GroupSpec.of([p.url for p in proxies], "a")  # the changing gateway's links
+
+        async def make(groups: list[GroupSpec], previous: list[GroupSpec]) -> LockManager:
+            mgr = await LockManager.connect(
+                groups=groups, previous_groups=previous, node_timeout=NODE_TIMEOUT, max_ttl=10.0
+            )
+            made.append(mgr)
+            return mgr
+
+        old = await make([a], [])
+        changing = await make([via, b], [via])
+        backend = changing.backend
+        assert isinstance(backend, Groups)
+        links = backend.groups["a"].nodes
+
+        async def link(i: int, up: bool) -> None:
+            proxies[i].heal() if up else proxies[i].set("cut")
+            await wait_until(lambda: links[i].connected == up, 5.0, f"link {i} {up}")
+
+        keyed = await old.acquire(name, ttl=10.0, idempotency_key="K")
+        await link(2, False)
+        repeat = asyncio.create_task(
+            changing.acquire(name, ttl=10.0, wait=8.0, idempotency_key="K")
+        )
+        await asyncio.sleep(0.2)  # it finds the old gateway's lease in group a alone
+        assert not repeat.done()
+        await link(2, True)  # reconnected: its give-ups are replayed, and again later
+        await link(0, False)
+        await old.release(keyed)
+        lease = await asyncio.wait_for(repeat, 5.0)  # granted by a1 and a2 of group a
+        await asyncio.sleep(links[2].stall_after + 0.3)  # the second replay ran
+        third = await make([a], [])
+        with pytest.raises(LockHeld):
+            await third.acquire(name, ttl=1.0)
+        assert not lease.expired
+    finally:
+        for mgr in made:
+            await mgr.close()
+        for proxy in proxies:
+            await proxy.close()
