@@ -173,6 +173,9 @@ class Acquirer:
                 if rnd.replies[i] is None:
                     settle = functools.partial(self._cleanups.settle_if_granted, i, name, lease_id)
                     fut.add_done_callback(functools.partial(settle, ready[0]))
+                    # its late "queued" answer leaves the waiter queued there: a hand-over
+                    # may follow, whose grant needs the lease's token (R16: remembered)
+                    pending.queued = pending.queued or bool(ticket)
             return await self._grant(name, lease_id, ticket, pending, ready)
         granted = len(pending.grants)
         if ticket:  # a node still to answer may yet grant: that grant is the waiter's

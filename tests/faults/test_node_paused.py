@@ -9,7 +9,9 @@ from typing import TypeVar
 
 import pytest
 
-from lockservice import QuorumUnavailable
+from lockservice import QuorumUnavailable, scripts
+from lockservice.cleanup import release_args
+from lockservice.protocol import SYNCED_KEY, fence_key, lock_keys
 from tests._servers import RedisNode
 from tests.faults.conftest import (
     NODE_TIMEOUT,
@@ -17,6 +19,8 @@ from tests.faults.conftest import (
     cut_off,
     lock_key,
     node_connected,
+    redlock,
+    reply_bulk,
     reply_int,
     wait_until,
 )
@@ -154,3 +158,34 @@ async def test_slow_node_with_a_higher_counter_never_makes_two_holders_share_a_t
     await mgr.release(second)
     # Invariant 2, for every token a holder was given: the next grant is above all.
     assert second.token > max(handed), (first.token, renewed.token, second.token)
+
+
+async def test_a_grant_handed_over_after_the_decision_gets_the_leases_token(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R16 for a lease a slow node queued only after it was decided: that node's
+    "queued" answer comes late, the waiter stays queued there, and its next release
+    hands the lock to the lease, which must record the lease's real token there."""
+    c = own_redis3[2]
+    mgr = await connect(own_redis3)
+    name = "paused/late-queue"
+    other = "f" * 32  # a lease of another gateway holds the name on C alone
+    base = int((reply_bulk(c.command("GET", SYNCED_KEY)) or b"0").split()[0])
+    c.command("SET", fence_key(name), str(base + 1000))  # C's next token is not the lease's
+    c.command("SET", lock_key(name), f"{other}:1", "PX", "5000")
+    c.pause()  # the waiter's try: A and B grant and decide; C answers "queued" late
+    task = asyncio.ensure_future(mgr.acquire(name, ttl=2.0, wait=2.0))
+    await asyncio.sleep(0.05)
+    c.resume()
+    lease = await task
+    await wait_until(lambda: reply_int(c.command("EXISTS", f"waitq:{{{name}}}")) == 1,
+                     2.0, "the lease queued on C")  # fmt: skip
+    run_id = redlock(mgr).nodes[2].run_id or ""
+    args = release_args(other, name, "elsewhere", run_id)
+    source = scripts.RELEASE.source
+    script = source.decode() if isinstance(source, bytes) else source
+    c.command("EVAL", script, str(len(lock_keys(name))), *lock_keys(name), *args)  # hands over
+    want = f"{lease.lease_id}:{lease.token}".encode()
+    await wait_until(lambda: reply_bulk(c.command("GET", lock_key(name))) == want, 2.0,
+                     f"C holding {want!r} (the lease's token)")  # fmt: skip
+    await mgr.release(lease)
