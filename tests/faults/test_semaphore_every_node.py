@@ -128,6 +128,7 @@ async def test_a_semaphore_extend_through_a_handle_that_misses_a_node_does_not_e
     with pytest.raises(QuorumUnavailable) as raised:
         await mgr.extend(handle, ttl=20.0)
     assert raised.value.needed == 3
+    assert "a semaphore needs every node" in str(raised.value)  # the gateway's 503 says so
     await _reach(mgr, proxies, None)
     extended = await mgr.extend(handle, ttl=20.0)
     assert extended.valid_until > lease.valid_until + 10.0
