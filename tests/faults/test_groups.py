@@ -124,12 +124,13 @@ async def test_a_repeat_through_a_changing_gateway_never_reuses_a_lease_id_it_ga
     """R7, R28: a lease id whose release may still be replayed is never tried again.
 
     A changing gateway's repeat of a key whose lease an old-configuration gateway
-    holds finds that lease in the old group alone: it gives its own grants there up
-    (``abandon``: a release, replayed on a node it could not reach) and tries again.
-    Trying again with the same lease id lets the replay that comes once the node's
-    stuck commands surely ran (``Replay``, ``stall_after`` after the reconnect) free
-    a grant of the lease that was decided in between: a third gateway then takes the
-    name in the old group while the lease is valid (I1)."""
+    holds finds that lease in the old group alone and tries again, keeping its own
+    grants there (R28). Giving them up instead (``abandon``: a release, replayed on a
+    node it could not reach) and trying again with the same lease id would let the
+    replay that comes once the node's stuck commands surely ran (``Replay``,
+    ``stall_after`` after the reconnect) free a grant of the lease decided in
+    between: a third gateway would take the name in the old group while the lease
+    is valid (I1)."""
     a_nodes, b_nodes = two_groups
     a = GroupSpec.of([n.url for n in a_nodes], "a")
     b = GroupSpec.of([n.url for n in b_nodes], "b")
