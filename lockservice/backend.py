@@ -82,8 +82,8 @@ class Backend(Protocol):
     async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
         """Record ``tag`` for the decided lease ``lease_id`` (token ``token``) while it
         holds the lock; the other lease that committed ``tag`` first and still holds
-        it, if any (the caller then gives its own up). Never raises for lost nodes:
-        without a quorum the tag is committed on fewer nodes (best effort)."""
+        it, if any (the caller then gives its own up). Raises ``QuorumUnavailable``
+        when fewer than a quorum took the tag (the caller gives its lease up: R26)."""
         ...
 
     async def settle(self) -> bool:

@@ -13,6 +13,7 @@ rising. ``carry.carry_over`` finishes a change (R30).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from contextvars import ContextVar
 
@@ -174,7 +175,10 @@ class Groups:
             if other is not None and other.lease_id == first.lease_id:
                 return _both(first, other)
             return first
-        await route[1].commit(name, lease_id, token, tag)  # its Tagged answer decides nothing
+        # Its answer decides nothing, nor does its missing quorum: every lease of a moved
+        # name needs the old group (R28), where the tag holds another one off.
+        with contextlib.suppress(QuorumUnavailable):
+            await route[1].commit(name, lease_id, token, tag)
         return None
 
     async def _raise(self, group: Redlock, name: str, lease_id: str, token: int, mode: str) -> None:

@@ -37,7 +37,9 @@ async def commit_tag(
 ) -> Attempt:
     """R26: the try decided ``lease_id``'s lease; from now on the tag names it. Two
     requests with one key that both got a lease keep the first committed: the other
-    lease is returned and the caller gives its own up."""
+    lease is returned and the caller gives its own up. ``QuorumUnavailable`` when no
+    quorum took the tag: the caller gives its lease up (a lease no quorum names
+    would let a repeat take a second one)."""
     if not (attempt.token and kind.tag and attempt.lease_id in ("", lease_id)):
         return attempt
     other = await backend.commit(name, lease_id, attempt.token, kind.tag)

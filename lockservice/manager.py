@@ -276,7 +276,8 @@ class LockManager(SemaphoreAPI):
                             raise
                         resynced = True
                         continue
-                    # R26: decided, the tag is committed (a cancel here gives it back, below)
+                    # R26: decided, the tag is committed (a cancel here, or a commit that
+                    # no quorum took, gives it back, below)
                     attempt = await commit_tag(backend, name, lease_id, attempt, kind)
                     if attempt.token:
                         if attempt.lease_id and attempt.lease_id != lease_id:

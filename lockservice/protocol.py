@@ -176,8 +176,11 @@ R26 An idempotency tag (a digest of the key and of the kind, ``lease.
     extend keeps it); a node where another lease holding the lock committed the
     tag answers that lease, and when a quorum does, the acquire gives its own
     lease up and returns that one (two requests with one key that both got a
-    lease end with one). Fewer than Q acks: the lease is still returned and a
-    repeat may queue (best effort under node faults). A repeat asks the nodes
+    lease end with one). Fewer than Q acks and no quorum naming another lease:
+    the acquire gives its lease up and fails (QuorumUnavailable); returned, no
+    quorum would name it, and a repeat would take a second lease of the key at
+    once (a free permit, or joining shared holders; an exclusive one queues).
+    A repeat asks the nodes
     first (find.lua; synced and not quarantined nodes only, R17) and returns the
     lease a quorum names committed (its id, the decided token, the validity a
     quorum still gives it) while that validity lasts beyond drift(left): in the

@@ -193,8 +193,10 @@ class Redlock:
 
     async def commit(self, name: str, lease_id: str, token: int, tag: str) -> Attempt | None:
         """R26: record ``tag`` for the decided lease; the other lease a quorum says
-        committed the tag first (the caller gives its own up), else None — also when
-        fewer than a quorum acked: idempotency is then best effort (a repeat queues)."""
+        committed the tag first (the caller gives its own up), else None once a quorum
+        acked. Raises ``QuorumUnavailable`` when fewer did: no quorum would name the
+        lease, and a repeat would take a second one (a free permit, or joining shared
+        holders); the caller gives it up."""
         start = asyncio.get_running_loop().time()
         futures = [
             node.call(scripts.TAG, lock_keys(name), (lease_id, tag, token, node.run_id or ""))
@@ -204,7 +206,10 @@ class Redlock:
         if rnd.count(_committed) >= self.quorum:
             return None
         other = [r for r in rnd.replies if isinstance(r, Tagged)]
-        return found_lease(other, self.quorum, start, asyncio.get_running_loop().time())
+        found = found_lease(other, self.quorum, start, asyncio.get_running_loop().time())
+        if found is None:
+            raise self._rounds.unavailable(name, rnd, _committed)
+        return found
 
     def abandon(self, name: str, lease_id: str) -> None:
         self._handovers.close(lease_id)

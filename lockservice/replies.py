@@ -272,6 +272,8 @@ def describe(reply: object) -> str:
         return f"held by semaphore leases of {reply.permits} permits"
     if isinstance(reply, Tagged):
         return "held by the lease of the idempotency key"
+    if reply is False:  # tag.lua: the lease no longer holds the lock there (R26)
+        return "did not take the idempotency tag: the lease does not hold it there"
     if isinstance(reply, int) and not isinstance(reply, bool):
         return "refused: not held by this lease, or held by another" if reply == 0 else f"{reply}"
     return repr(reply)

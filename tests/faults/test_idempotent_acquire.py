@@ -12,7 +12,8 @@ dropped connection: a client gone before its body was read is no bug in the log.
 
 Then the races of a repeat with its own first request, over LockManagers: a
 repeat never answers a grant its owner may still give up (S2), and answers the
-token the owner decided, not a vote of the nodes' tokens (S4).
+token the owner decided, not a vote of the nodes' tokens (S4); and a lease whose
+tag no quorum took is never returned (a repeat would take a second permit).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from lockservice import Lease, LockHeld, LockManager, QuorumUnavailable
+from lockservice import Lease, LockHeld, LockManager, QuorumUnavailable, scripts
 from lockservice.protocol import lock_key
 from tests._servers import RedisNode
-from tests.campaign.proxy import FaultProxy
-from tests.faults.conftest import Connect, cut_off
+from tests.campaign.proxy import CHUNK, FaultProxy
+from tests.faults.conftest import NODE_TIMEOUT, Connect, cut_off
 from tests.faults.test_gateway_two_processes import gateways, http_session
 
 pytestmark = pytest.mark.faults
@@ -224,3 +225,66 @@ async def test_extend_returns_the_decided_token_when_round_2_missed_a_node(
     renewed = await mgr.extend(mgr.handle("s4", lease.lease_id), ttl=10.0)
     assert renewed.token == lease.token
     own_redis3[0].resume()
+
+
+class LosesTheCommit(FaultProxy):
+    """A link that, once ``lose`` is set, loses the chunk carrying the commit of an
+    idempotency tag (tag.lua's EVALSHA) and ends its connection, as a link that
+    breaks between a try and its commit does; every other chunk passes."""
+
+    lose = False
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
+    ) -> None:
+        with contextlib.suppress(OSError, ConnectionError):
+            while True:
+                data = await reader.read(CHUNK)
+                if not data or (self.lose and direction == "up" and scripts.TAG.sha in data):
+                    return  # the caller closes both sides
+                writer.write(data)
+                await writer.drain()
+
+
+@pytest.mark.parametrize("mode", ["semaphore", "shared"])
+async def test_a_lease_whose_tag_no_quorum_took_is_not_returned(
+    own_redis3: list[RedisNode], connect: Connect, mode: str
+) -> None:
+    """A keyed acquire decides its lease (every node granted it), then the commit of
+    its tag reaches no node: its links break in between (the campaign's gateway whose
+    node connections were aborted right after a pause). Returned anyway, no node
+    names that lease: a repeat through another gateway while it is held finds
+    nothing and, a permit being free (or shared holders joinable), takes a second
+    lease for the same key (R26). The acquire gives its lease up and fails instead,
+    and the repeat then acquires afresh: one lease per key, and no permit left
+    behind by the lease given up."""
+    proxies = [LosesTheCommit(n.port) for n in own_redis3]
+    for proxy in proxies:
+        await proxy.start()
+    other = await connect(own_redis3, max_ttl=30.0)
+    lossy = await LockManager.connect(
+        [p.url for p in proxies], node_timeout=NODE_TIMEOUT, max_ttl=30.0
+    )
+
+    async def keyed(mgr: LockManager) -> Lease:
+        if mode == "semaphore":
+            return await mgr.acquire_semaphore("sk", 2, ttl=10.0, idempotency_key="K")
+        return await mgr.acquire("sk", ttl=10.0, mode="shared", idempotency_key="K")
+
+    try:
+        for proxy in proxies:
+            proxy.lose = True
+        first: Lease | None = None
+        with contextlib.suppress(QuorumUnavailable):
+            first = await keyed(lossy)
+        repeat = await keyed(other)  # the client lost the answer: it asks again
+        if first is not None:
+            assert (repeat.lease_id, repeat.token) == (first.lease_id, first.token), (
+                f"two valid leases for one key: {first.lease_id} and {repeat.lease_id}"
+            )
+        else:  # the lease given up is released: one permit is left besides the repeat's
+            assert mode != "semaphore" or await other.acquire_semaphore("sk", 2, 10.0, 2.0)
+    finally:
+        await lossy.close()
+        for proxy in proxies:
+            await proxy.close()

@@ -554,7 +554,7 @@ class Model(Repeats):
         if s.broken:
             return s.broken
         keyed = sorted({held[c] for c in believers if self.kinds.tagged((c, 0))})
-        if len(keyed) > 1 and not set(keyed) & set(s.uncommitted):
+        if len(keyed) > 1:
             leases = ", ".join(f"L{x[0]}.{x[1]}" for x in keyed)
             return f"one lease per key: {leases} are valid, each returned for the key"
         if not self.b.modes:  # exclusive leases never overlap: ordered by creation

@@ -17,6 +17,7 @@ from tests.model.state import State
 
 if TYPE_CHECKING:
     from tests.model.state import Bounds
+    from tests.model.waiter import Rules
 
 __all__ = ["Repeats", "answers_find"]
 
@@ -35,6 +36,7 @@ class Repeats:
     _send_all: Callable[..., State]
     _attempt: Callable[[State, int], State]
     _abandon: Callable[[State, int], State]
+    rules: Rules
 
     def _find(self, s: State, c: int) -> State:
         """A keyed acquire asks the nodes for the lease committed with its tag first."""
@@ -52,14 +54,16 @@ class Repeats:
 
     def _after_commit(self, s: State, c: int) -> State:
         """Committed on a quorum: the own lease. Else a quorum naming another lease of
-        the tag: give the own lease up, return that one. Else (best effort) the own."""
+        the tag: give the own lease up, return that one. Else give the own lease up
+        too (QuorumUnavailable): no quorum names it, and a repeat would take another."""
         cl = s.clients[c]
         if sum(r == 1 for r in cl.replies) >= self.q:
             return self._client(s, c, phase="holding", extends=0)
         found = tags.found_lease(cl.replies, self.q, cl.start, self.b.drift)
-        if found is None:  # best effort under faults: a repeat may get another lease
-            s = s._replace(uncommitted=(*s.uncommitted, (c, cl.acquires)))
+        if found is None and not self.rules.on("R26q"):  # the own, untagged (best effort)
             return self._client(s, c, phase="holding", extends=0)
+        if found is None:
+            return self._abandon(s, c)
         return self._returned(self._abandon(s, c), c, found)
 
     def _returned(self, s: State, c: int, found: tags.Found) -> State:

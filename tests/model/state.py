@@ -85,8 +85,6 @@ class State(NamedTuple):
     reorders: int = 0
     broken: str = ""  # I2 of a lease whose token was not above its acquire's floor
     decided: tuple[tuple[tuple[int, int], int], ...] = ()  # keyed leases' decided tokens (R26)
-    # keyed leases returned with fewer than Q commits (R26's best effort under faults)
-    uncommitted: tuple[tuple[int, int], ...] = ()
 
 
 def put(items: tuple[T, ...], i: int, value: T) -> tuple[T, ...]:

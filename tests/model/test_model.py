@@ -107,6 +107,12 @@ DEEP_KINDS = {
     ),
 }
 
+# Two shared requests of one key, one dropped link: a commit that misses a quorum.
+DROPPED_COMMIT = Bounds(
+    keyed=2, modes=("shared", "shared"), max_time=0, faults=1, kinds=frozenset({"drop"}),
+    reorders=0, tries=1,
+)  # fmt: skip
+
 # rule switched off -> (bounds that reach a counterexample, the invariant it breaks)
 TEETH: dict[str, tuple[Bounds, str]] = {
     "R3": (Bounds(acquires=(2, 1), max_time=0, faults=0, reorders=1), "I2"),
@@ -124,6 +130,10 @@ TEETH: dict[str, tuple[Bounds, str]] = {
     # the tag stored at the grant (a commit before the decision): a repeat returns a
     # grant whose owner then gives it up, as the ttl ran out before its answers came
     "R26": (Bounds(keyed=2, max_time=2, faults=0, reorders=0, tries=1), "one lease per key"),
+    # the own lease returned when no quorum took its tag (the old best effort): a
+    # dropped link makes the commit miss a quorum, and the other request of the key,
+    # answered the lease committed first, holds a second shared lease beside it
+    "R26q": (DROPPED_COMMIT, "one lease per key"),
 }
 DEEP_TEETH: dict[str, tuple[Bounds, str]] = {
     "R10": (Bounds(acquires=(2, 1), max_time=2, faults=0, reorders=1), "I1"),
