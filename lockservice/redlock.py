@@ -208,7 +208,11 @@ class Redlock:
         other = [r for r in rnd.replies if isinstance(r, Tagged)]
         found = found_lease(other, self.quorum, start, asyncio.get_running_loop().time())
         if found is None:
-            raise self._rounds.unavailable(name, rnd, _committed)
+            error = self._rounds.unavailable(name, rnd, _committed)
+            log.info("lease %s of %r given up: its idempotency tag reached %d of %d nodes "
+                     "(R26): %s", lease_id[:8], name, rnd.count(_committed), len(self.nodes),
+                     "; ".join(f"{k}: {v}" for k, v in error.node_errors.items()))  # fmt: skip
+            raise error
         return found
 
     def abandon(self, name: str, lease_id: str) -> None:
