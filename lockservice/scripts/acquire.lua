@@ -46,9 +46,12 @@ if found and found[1] ~= id then
   return {-4, found[2], found[3], found[1]}
 end
 if current then
-  if string.sub(current, 1, #id + 1) == id .. ':' or member_entry(KEYS, id) then
-    -- handed over meanwhile: issued anew (R12)
+  if string.sub(current, 1, #id + 1) == id .. ':' then
+    -- handed over meanwhile: issued anew (R12), without a tag (a grant has none)
+    redis.call('DEL', KEYS[9])
     return {grant(KEYS, base, id, ttl, mode, permits), 0}
+  elseif member_entry(KEYS, id) then
+    return {grant(KEYS, base, id, ttl, mode, permits), 0}  -- the same in a group
   end
 end
 local may, held_permits = joinable(current, mode, permits, KEYS)

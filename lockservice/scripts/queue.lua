@@ -32,14 +32,18 @@ local function grantable(synced_key, quarantine_key, run_id)
   if not sep or string.sub(marker, sep + 1) ~= run_id then
     return nil, -2, 0
   end
-  local q = redis.call('PTTL', quarantine_key)
-  if q > 0 then
-    return nil, -1, q
-  end
   -- R21: after its quarantine, a resynced node still waits for its counters to be
-  -- copied again ("<quarantine key>:recopy", node-global like every fencegate:* key)
-  if redis.call('EXISTS', quarantine_key .. ':recopy') == 1 then
-    return nil, -1, 0
+  -- copied again ("<quarantine key>:recopy", node-global like every fencegate:* key).
+  -- Neither key, the common case: one command tells.
+  local recopy = quarantine_key .. ':recopy'
+  if redis.call('EXISTS', quarantine_key, recopy) > 0 then
+    local q = redis.call('PTTL', quarantine_key)
+    if q > 0 then
+      return nil, -1, q
+    end
+    if redis.call('EXISTS', recopy) == 1 then
+      return nil, -1, 0
+    end
   end
   return tonumber(string.sub(marker, 1, sep - 1)), 0, 0
 end
@@ -135,13 +139,17 @@ end
 -- grant issues its own token, so that a node orders its grants by token: R11-R13).
 -- The caller checked that it may (joinable). No idempotency tag is stored here: a
 -- grant is not yet a lease; the owner commits the tag once it decided (tag.lua, R26).
+-- An exclusive grant finds the lock free (or held by lease_id alone: acquire.lua
+-- clears its committed tag then), so it leaves holders:{name} and holdert:{name}
+-- alone: holders:{name} lives only with a group's lock value (same expiry), and a
+-- holdert:{name} entry counts only while its lease holds lock:{name} (holds), so one
+-- that outlives its exclusive lock by a clock tick names nobody.
 local function grant(keys, base, lease_id, ttl, mode, permits)
   local token = issue(keys[2], base)
   local value = string.format('%d', token)
   mode = mode or 'exclusive'
   if mode == 'exclusive' then
     redis.call('SET', keys[1], lease_id .. ':' .. value, 'PX', ttl)
-    redis.call('DEL', keys[8], keys[9])
     return token
   end
   if not group_of(redis.call('GET', keys[1])) then

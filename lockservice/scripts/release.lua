@@ -25,14 +25,18 @@ elseif member_entry(KEYS, id) then
   freed = true  -- a permit, or the lock when it was the last member
   result = 1
 end
-if dequeue(KEYS[5], KEYS[6], KEYS[7], id .. '@' .. ARGV[4]) == 1
+-- waitq, waitx and waitt:{name} hold the same members and are written and expire
+-- together: without waitx:{name} nobody is queued, neither this lease nor a waiter
+-- to hand over to (the common case: one command tells)
+local queued = redis.call('EXISTS', KEYS[6]) == 1
+if queued and dequeue(KEYS[5], KEYS[6], KEYS[7], id .. '@' .. ARGV[4]) == 1
     and (not current or group_of(current)) then
   -- this waiter may have been the head that the others waited for: the lock is free,
   -- or a group holds it that the next head may join (an exclusive waiter leaving
   -- before shared or semaphore waiters)
   freed = true
 end
-if freed then
+if freed and queued then
   hand_over(KEYS, ARGV[2], ARGV[3], id, ARGV[5])
 end
 return result

@@ -501,3 +501,99 @@ def test_raise_fence_does_not_count_an_expired_member(r: redis.Redis) -> None:
     assert r.zscore(HOLDERS, ID_A) is not None  # nothing purged it yet
     assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 9, ID_A]) == 0
     assert run(r, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 10, ID_B]) == BASE + 10
+
+
+# the uncontended cycle's shortcuts: same answers, fewer commands
+RECOPY = f"{QUAR}:recopy"
+
+
+def test_a_pending_recopy_refuses_grants_with_or_without_a_quarantine(r: redis.Redis) -> None:
+    """R21: one EXISTS of both keys lets the common case through; either key refuses."""
+    r.set(RECOPY, 1)
+    assert acquire(r, ID_A) == [-1, 0]
+    r.set(QUAR, 1, px=3_000)
+    code, pttl = acquire(r, ID_A)  # type: ignore[misc]
+    assert code == -1
+    assert 2_000 < pttl <= 3_000  # the quarantine's time comes first
+    r.persist(QUAR)  # a quarantine key without a ttl does not refuse: the recopy does
+    assert acquire(r, ID_A) == [-1, 0]
+    r.delete(RECOPY)
+    assert acquire(r, ID_A) == [BASE + 1, 0]
+    assert r.get(LOCK) is not None
+
+
+def commands(r: redis.Redis) -> dict[str, int]:
+    """Calls of each command since the last CONFIG RESETSTAT (scripts' own calls too)."""
+    stats = r.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def test_an_uncontended_cycle_runs_nine_commands(r: redis.Redis) -> None:
+    """An exclusive acquire + release with nobody queued: GET synced, EXISTS of the
+    quarantine and recopy keys, GET lock, EXISTS waitx, INCR, SET; GET lock, DEL,
+    EXISTS waitx; no queue commands (ZREM, HDEL) and no DEL of the group keys."""
+    acquire(r, ID_A, ticket="1")  # a waiting acquire that finds the lock free
+    release(r, ID_A)
+    r.config_resetstat()
+    assert acquire(r, ID_B, ticket="2") == [BASE + 2, 0]
+    assert release(r, ID_B) == 1
+    calls = commands(r)
+    calls.pop("config|resetstat", None)
+    assert calls.pop("eval") == 2
+    assert calls == {"get": 3, "exists": 3, "incr": 1, "set": 1, "del": 1}
+
+
+def test_a_group_s_keys_expire_together(r: redis.Redis) -> None:
+    """holders:{name} never outlives lock:{name}: an exclusive grant relies on it and
+    deletes neither (a stale member would otherwise count as a holder: member_entry)."""
+
+    def expiries() -> set[int]:
+        return {r.pexpiretime(key) for key in (LOCK, HOLDERS, HOLDERT)}
+
+    take(r, ID_A, "shared", ttl=5_000)
+    take(r, ID_B, "shared", ttl=20_000)
+    assert len(expiries()) == 1
+    assert commit(r, ID_A, "t" * 32, BASE + 1) == [1]
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 30_000]) == BASE + 1
+    assert len(expiries()) == 1
+    assert release(r, ID_A) == 1
+    assert len(expiries()) == 1
+    assert undo(r, ID_B, "") == -(BASE + 2)
+    assert r.exists(LOCK, HOLDERS, HOLDERT) == 0
+
+
+def test_a_tag_entry_left_after_its_exclusive_lock_names_nobody(r: redis.Redis) -> None:
+    """R26: holdert:{name} of an exclusive holder expires with the lock, give or take a
+    clock tick (PTTL then PEXPIRE). An entry that outlives it is inert: the next
+    exclusive grant does not delete it, and nothing takes it for a holder."""
+    tag = "t" * 32
+    take(r, ID_A, "exclusive", tag=tag)
+    assert commit(r, ID_A, tag, BASE + 1) == [1]
+    r.persist(HOLDERT)  # far more than a tick
+    r.delete(LOCK)  # A's hold ended
+    assert take(r, ID_B, "exclusive", tag=tag) == [BASE + 2, 0]  # not -4: A holds nothing
+    assert r.hget(HOLDERT, ID_A) is not None  # left alone by the grant
+    assert run(r, scripts.FIND, KEYS, [tag, RUN_ID]) == [0]
+    assert take(r, ID_C, "exclusive", tag=tag)[0] == 0  # type: ignore[index]  # B holds it
+    assert acquire(r, ID_A, ticket="1")[0] == 0  # type: ignore[index]  # not issued anew
+    assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 10_000]) == 0
+    assert commit(r, ID_A, tag, BASE + 1) == [0]
+    assert release(r, ID_A) == 0
+    assert undo(r, ID_A, "") == 0
+    assert r.get(LOCK) == f"{ID_B}:{BASE + 2}".encode()
+    assert commit(r, ID_B, tag, BASE + 2) == [1]
+    found = run(r, scripts.FIND, KEYS, [tag, RUN_ID])
+    assert found[::2] == [BASE + 2, ID_B.encode()]  # type: ignore[index]
+    assert release(r, ID_B) == 1
+    assert r.exists(LOCK, HOLDERT) == 0
+
+
+def test_a_grant_issued_anew_carries_no_tag(r: redis.Redis) -> None:
+    """R12, R26: a try that finds its lease already holding (handed over) is granted
+    anew: a new grant, whose tag is committed only once its owner decides."""
+    tag = "t" * 32
+    take(r, ID_A, "exclusive", tag=tag, ticket="1")
+    assert commit(r, ID_A, tag, BASE + 1) == [1]
+    assert take(r, ID_A, "exclusive", tag=tag, ticket="1") == [BASE + 2, 0]
+    assert run(r, scripts.FIND, KEYS, [tag, RUN_ID]) == [0]
+    assert take(r, ID_B, "exclusive", tag=tag)[0] == 0  # type: ignore[index]  # held, no -4
