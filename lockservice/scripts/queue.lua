@@ -143,7 +143,8 @@ end
 -- clears its committed tag then), so it leaves holders:{name} and holdert:{name}
 -- alone: holders:{name} lives only with a group's lock value (same expiry), and a
 -- holdert:{name} entry counts only while its lease holds lock:{name} (holds), so one
--- that outlives its exclusive lock by a clock tick names nobody.
+-- that outlives its exclusive lock by a clock tick names nobody (its lease is not
+-- granted again: an owner commits a tag once it decided, and tries no more).
 local function grant(keys, base, lease_id, ttl, mode, permits)
   local token = issue(keys[2], base)
   local value = string.format('%d', token)
