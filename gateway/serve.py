@@ -41,12 +41,12 @@ from aiohttp import web
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gateway.app import StartupError, create_app, start_draining
+from gateway.app import CONFIG, StartupError, create_app, start_draining
 from gateway.config import Address, Config, ConfigError
 from gateway.shared import SharedDir, scrape_registry
 from gateway.tls import server_ssl_context
 
-__all__ = ["REFUSED", "Signals", "Worker", "fail", "serve_one"]
+__all__ = ["REFUSED", "Signals", "Worker", "app_runner", "fail", "serve_one"]
 
 log = logging.getLogger("fencegate")
 
@@ -127,11 +127,8 @@ async def _serve_until_signal(
             _announce(config)
         served, shared = scrape_registry(worker.shared), worker.shared
     app = create_app(config, registry=registry, served=served, shared=shared)
-    grace = min(config.shutdown_grace, config.shutdown_timeout)
-    in_flight = max(0.0, config.shutdown_timeout - grace - _CLOSE_RESERVE)
-    # No access log unless asked: it costs ~10% of a request, and /metrics counts requests.
-    options: dict[str, Any] = {} if access_log else {"access_log": None}
-    runners = [web.AppRunner(app, shutdown_timeout=in_flight, **options)]
+    grace, in_flight = _shutdown_periods(config)
+    runners = [app_runner(app, access_log=access_log)]
     # workers share the address; the supervisor made sure nothing else listens on it
     reuse = {"reuse_port": True} if worker is not None else {}
     signals = Signals()
@@ -174,6 +171,31 @@ async def _serve_until_signal(
         await _cleanup(runners, None)
     log.info("stopped" if worker is None else f"{who} stopped")
     return 0
+
+
+def app_runner(app: web.Application, *, access_log: bool = False) -> web.AppRunner:
+    """The runner ``fencegate serve`` serves ``app`` (a ``create_app`` app) with.
+
+    - ``handler_cancellation`` off (aiohttp's default, stated because aiohttp's test
+      server turns it on): a client that disconnects does not cancel its handler, so
+      a store write is never cut half-way; a waiting acquire is cut by the gateway
+      itself (``gateway.middlewares``).
+    - No access log unless asked: it costs ~10% of a request, and /metrics counts
+      requests.
+    - Requests in flight at shutdown get ``shutdown_timeout_ms`` less the grace
+      period and the time kept for closing connections.
+
+    In-process tests serve the app through this too (``tests/_gateway.py``).
+    """
+    options: dict[str, Any] = {} if access_log else {"access_log": None}
+    _, in_flight = _shutdown_periods(app[CONFIG])
+    return web.AppRunner(app, handler_cancellation=False, shutdown_timeout=in_flight, **options)
+
+
+def _shutdown_periods(config: Config) -> tuple[float, float]:
+    """Seconds of the shutdown's grace period, and then for requests in flight."""
+    grace = min(config.shutdown_grace, config.shutdown_timeout)
+    return grace, max(0.0, config.shutdown_timeout - grace - _CLOSE_RESERVE)
 
 
 async def _cleanup(runners: list[web.AppRunner], deadline: float | None) -> None:
