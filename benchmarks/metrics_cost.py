@@ -70,11 +70,12 @@ def child(mode: str, what: str) -> dict[str, Any]:
 
 
 async def _cycles(nodes: int) -> dict[str, Any]:
-    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.test_utils import TestClient
     from prometheus_client import values
 
     from gateway.app import create_app
     from gateway.config import parse_config
+    from tests._gateway import GatewayServer
     from tests._servers import RedisNode
 
     updates = 0
@@ -100,7 +101,7 @@ async def _cycles(nodes: int) -> dict[str, Any]:
                     "stores": {"files": {"type": "files", "root": str(tmp / "data")}},
                 }
             )
-            async with TestClient(TestServer(create_app(config))) as client:
+            async with TestClient(GatewayServer(create_app(config))) as client:
 
                 async def cycles(prefix: str, count: int) -> None:
                     for i in range(count):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests._gateway import ServeClient, ServeServer, clients, servers
 from tests._servers import RedisNode
 
 PG_DSN = os.environ.get("FENCEGATE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -154,3 +155,31 @@ def _no_lock_protocol_bug(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     yield
     bugs = [r.getMessage() for r in caplog.records if "lock protocol bug" in r.getMessage()]
     assert not bugs, bugs
+
+
+@pytest.fixture
+async def gateway_client() -> AsyncIterator[ServeClient]:
+    """``await gateway_client(app)``: a test client of ``app`` served as ``fencegate serve``
+    serves it (``tests/_gateway.py``); use it, not pytest-aiohttp's ``aiohttp_client``."""
+    async with clients() as serve:
+        yield serve
+
+
+@pytest.fixture
+async def gateway_server() -> AsyncIterator[ServeServer]:
+    """``await gateway_server(app, ssl=None)``: ``app`` served as ``fencegate serve`` serves it."""
+    async with servers() as serve:
+        yield serve
+
+
+@pytest.fixture
+def aiohttp_client() -> None:
+    """pytest-aiohttp's fixture serves with ``handler_cancellation`` on: a disconnect
+    cancels a handler, which never happens under ``fencegate serve``."""
+    pytest.fail("use gateway_client: aiohttp_client does not serve the app as fencegate serve does")
+
+
+@pytest.fixture
+def aiohttp_server() -> None:
+    """As ``aiohttp_client``."""
+    pytest.fail("use gateway_server: aiohttp_server does not serve the app as fencegate serve does")

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.config import DEFAULT_STORES, parse_config
+from tests._gateway import ServeClient
 from tests._servers import RedisNode
 from tests.docs._blocks import ROOT, Block, Substitutions, all_blocks, blocks, shell_commands
 from tests.faults.test_gateway_two_processes import gateways, http_session
@@ -229,7 +230,7 @@ def test_toml_block_passes_check_config(block: Block, tmp_path: Path) -> None:
 
 
 async def test_readme_api_key_can_take_the_fence_lock_of_every_key_it_may_write(
-    aiohttp_client: Any,
+    gateway_client: ServeClient,
     redis3: list[RedisNode],
     pg_dsn: str,
     pg_schema: str,
@@ -240,7 +241,7 @@ async def test_readme_api_key_can_take_the_fence_lock_of_every_key_it_may_write(
     (key,) = readme_config()["auth"]["keys"]
     raw = gateway_config(redis3, pg_dsn, pg_schema, tmp_path / "files")
     raw["auth"] = {"keys": [{**key, "sha256": hashlib.sha256(secret.encode()).hexdigest()}]}
-    client = await aiohttp_client(create_app(parse_config(raw), registry=CollectorRegistry()))
+    client = await gateway_client(create_app(parse_config(raw), registry=CollectorRegistry()))
     bearer = {"Authorization": f"Bearer {secret}"}
     assert {"lock", "write"} <= set(key["verbs"])
     assert key["stores"]

@@ -11,15 +11,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.config import Config, parse_config
+from tests._gateway import Client as Client  # the tests of this package import it from here
+from tests._gateway import ServeClient
 from tests._servers import RedisNode
 
-Client = TestClient[web.Request, web.Application]
 Start = Callable[..., Awaitable[Client]]
 
 API_KEYS = {
@@ -137,13 +136,12 @@ def make_config(
 
 
 @pytest.fixture
-def start(aiohttp_client: Any) -> Start:
-    """Start a gateway for a config (a fresh metrics registry each) and return its client."""
+def start(gateway_client: ServeClient) -> Start:
+    """Start a gateway for a config (a fresh metrics registry each), served as ``fencegate
+    serve`` serves it, and return its client."""
 
     async def start(config: Config, registry: CollectorRegistry | None = None) -> Client:
-        app = create_app(config, registry=registry or CollectorRegistry())
-        client: Client = await aiohttp_client(app)
-        return client
+        return await gateway_client(create_app(config, registry=registry or CollectorRegistry()))
 
     return start
 

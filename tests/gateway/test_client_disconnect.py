@@ -6,9 +6,9 @@ granted a lease at the next release that nobody can release. Three real
 redis-server nodes (and the in-process backend), the gateway over a real socket,
 the client a raw TCP connection that is closed while the acquire waits.
 
-The gateway runs under ``web.AppRunner`` as ``fencegate serve`` runs it, not
-under aiohttp's ``TestServer`` (the ``aiohttp_client`` fixture): that one turns
-``handler_cancellation`` on, which hides the problem.
+The gateway runs under the runner ``fencegate serve`` uses (``tests/_gateway.py``),
+not under aiohttp's own ``TestServer``: that one turns ``handler_cancellation`` on,
+which hides the problem.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
+from tests._gateway import servers
 from tests._servers import RedisNode
 from tests.gateway.conftest import make_config
 
@@ -66,19 +66,14 @@ def _requests(registry: CollectorRegistry, route: str, status: str) -> float:
 async def _gateway(
     lock_urls: list[str],
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, int, CollectorRegistry]]:
-    """A gateway under ``web.AppRunner`` as ``fencegate serve`` runs it; a session to it."""
+    """A gateway served as ``fencegate serve`` serves it; a session to it."""
     registry = CollectorRegistry()
-    app = create_app(make_config(lock_urls=lock_urls), registry=registry)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
+    async with servers() as serve:
+        server = await serve(create_app(make_config(lock_urls=lock_urls), registry=registry))
+        port = server.port
+        assert port is not None
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as client:
             yield client, port, registry
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

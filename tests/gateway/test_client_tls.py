@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,6 +13,7 @@ from gateway import client as fg
 from gateway.app import create_app
 from gateway.cli import main
 from gateway.client import FencegateClient, SyncFencegateClient
+from tests._gateway import ServeServer
 from tests.gateway._tls import make_cert
 from tests.gateway.conftest import make_config
 
@@ -24,13 +24,13 @@ def cert(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-async def https(aiohttp_server: Any, cert: tuple[Path, Path], files_root: Path) -> str:
+async def https(gateway_server: ServeServer, cert: tuple[Path, Path], files_root: Path) -> str:
     """The base URL of a gateway (in-process locks, a files store) served over HTTPS."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(*cert)
     stores = {"files": {"type": "files", "root": str(files_root)}}
     app = create_app(make_config(stores=stores), registry=CollectorRegistry())
-    server = await aiohttp_server(app, ssl=context)
+    server = await gateway_server(app, ssl=context)
     return f"https://127.0.0.1:{server.port}"
 
 

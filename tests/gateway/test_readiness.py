@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from lockservice.placement import owner
 from lockservice.protocol import QUARANTINE_KEY
 from tests._servers import RedisNode
 from tests.faults.conftest import reply_int, wait_until
-from tests.gateway.conftest import Start, make_config
+from tests.gateway.conftest import Client, Start, make_config
 
 pytestmark = pytest.mark.faults
 
@@ -57,7 +55,7 @@ async def test_readiness_is_503_while_a_majority_is_quarantined_and_says_how_lon
     assert (await client.post("/v1/locks/r/q", json={"ttl_ms": 1000})).status == 200
 
 
-async def _group_series(client: TestClient[web.Request, web.Application]) -> dict[str, float]:
+async def _group_series(client: Client) -> dict[str, float]:
     """The per-group samples of ``/metrics``: ``"<sample> <group>"`` -> value."""
     text = await (await client.get("/metrics")).text()
     return {

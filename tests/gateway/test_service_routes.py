@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gateway.app import create_app, start_draining
+from gateway.app import start_draining
 from tests.gateway.conftest import Client, Start, make_config
 
 
@@ -157,11 +156,11 @@ async def test_openapi_documents_every_error_code_and_header(client: Client) -> 
 
 
 async def test_metrics_are_prometheus_text_with_route_templates(
-    aiohttp_client: Any, files_root: Path
+    start: Start, files_root: Path
 ) -> None:
     registry = CollectorRegistry()
     config = make_config(stores={"files": {"type": "files", "root": str(files_root)}})
-    client = await aiohttp_client(create_app(config, registry=registry))
+    client = await start(config, registry)
     grant = await (await client.post("/v1/locks/files/secret-name", json={"ttl_ms": 5000})).json()
     headers = {"X-Fencing-Token": str(grant["token"])}
     await client.put("/v1/stores/files/secret-name", data=b"v", headers=headers)
@@ -211,9 +210,9 @@ async def test_metrics_are_prometheus_text_with_route_templates(
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
 
 
-async def test_hold_time_is_observed_on_release(aiohttp_client: Any) -> None:
+async def test_hold_time_is_observed_on_release(start: Start) -> None:
     registry = CollectorRegistry()
-    client = await aiohttp_client(create_app(make_config(), registry=registry))
+    client = await start(make_config(), registry)
     grant = await (await client.post("/v1/locks/held")).json()
     await client.delete("/v1/locks/held", headers={"X-Lease-Id": grant["lease_id"]})
     assert registry.get_sample_value("fencegate_lock_hold_seconds_count") == 1
@@ -222,14 +221,14 @@ async def test_hold_time_is_observed_on_release(aiohttp_client: Any) -> None:
 
 
 async def test_metrics_are_not_on_the_main_port_when_metrics_listen_is_set(
-    aiohttp_client: Any, files_root: Path
+    start: Start, files_root: Path
 ) -> None:
     registry = CollectorRegistry()
     config = make_config(
         stores={"files": {"type": "files", "root": str(files_root)}},
         metrics_listen="127.0.0.1:9108",
     )
-    client = await aiohttp_client(create_app(config, registry=registry))
+    client = await start(config, registry)
     assert (await client.post("/v1/locks/x", json={"ttl_ms": 5000})).status == 200
     response = await client.get("/metrics")
     assert response.status == 404

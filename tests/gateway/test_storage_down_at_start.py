@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.errors import StartupError
+from gateway.serve import app_runner
 from storage_adapters._pg import RECONNECT_LOG
 from tests._pg_server import PgServer, pg_bin_dir
 from tests.gateway.conftest import Client, Start, make_config
@@ -88,7 +88,7 @@ async def test_strict_start_refuses_to_start_while_the_server_is_down(
     own_pg: PgServer, files_root: Path
 ) -> None:
     config = make_config(stores=stores(own_pg, files_root), strict_start=True)
-    runner = web.AppRunner(create_app(config, registry=CollectorRegistry()))
+    runner = app_runner(create_app(config, registry=CollectorRegistry()))
     try:
         with pytest.raises(StartupError, match=r"store 'kv' could not start: .*\(strict_start\)"):
             await runner.setup()

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry, Metric
 
 from gateway.app import create_app
@@ -36,9 +34,9 @@ from gateway.metrics import (
 )
 from lockservice.events import LockEvents
 from storage_adapters.base import StoreHooks
+from tests._gateway import Client, ServeClient
 from tests._servers import RedisNode
 
-Client = TestClient[web.Request, web.Application]
 LEASE_ID = "0123456789abcdef0123456789abcdef"
 ALLOWED_LABELS = {"result", "reason", "operation", "store", "node", "state", "route", "method",
                   "status", "le", "kind", "group"}  # fmt: skip
@@ -293,7 +291,11 @@ def test_leases_held_drops_a_lease_at_its_expiry_and_hold_time_needs_our_grant()
 # through a real gateway
 @pytest.fixture
 def gateway(
-    aiohttp_client: Any, redis3: list[RedisNode], tmp_path: Path, pg_dsn: str, pg_schema: str
+    gateway_client: ServeClient,
+    redis3: list[RedisNode],
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
 ) -> Callable[..., Awaitable[tuple[Client, CollectorRegistry]]]:
     async def start(nodes: list[RedisNode] | None = None) -> tuple[Client, CollectorRegistry]:
         raw = {
@@ -304,7 +306,7 @@ def gateway(
             },
         }
         registry = CollectorRegistry()
-        client: Client = await aiohttp_client(create_app(parse_config(raw), registry=registry))
+        client: Client = await gateway_client(create_app(parse_config(raw), registry=registry))
         return client, registry
 
     return start

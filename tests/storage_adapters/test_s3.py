@@ -15,7 +15,6 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
@@ -25,13 +24,13 @@ from gateway.errors import ConfigError
 from storage_adapters import BadValue, NotFound, S3Store, StaleToken, StorageUnavailable
 from storage_adapters.errors import StoreMisconfigured
 from storage_adapters.s3 import _Object
+from tests._gateway import Client, ServeClient
 from tests._s3_server import CREDENTIALS, MotoServer
 from tests._servers import RedisNode, free_port
 from tests.gateway.test_startup_errors import assert_one_clear_line, serve
 from tests.storage_adapters.conftest import Recorder, s3_backend
 
 ROOT = Path(__file__).resolve().parents[2]
-Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture
@@ -409,11 +408,11 @@ def s3_section(server: MotoServer, bucket: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def gateway(aiohttp_client: Any, s3_server: MotoServer, s3_bucket: str) -> Client:
+async def gateway(gateway_client: ServeClient, s3_server: MotoServer, s3_bucket: str) -> Client:
     config = parse_config(
         {"stores": {"s3": s3_section(s3_server, s3_bucket)}, "max_body_bytes": 1024}
     )
-    client: Client = await aiohttp_client(create_app(config, registry=CollectorRegistry()))
+    client: Client = await gateway_client(create_app(config, registry=CollectorRegistry()))
     return client
 
 
@@ -492,14 +491,14 @@ async def test_x_fencing_lock_is_refused_with_the_reason(gateway: Client) -> Non
 
 
 async def test_gateway_answers_503_during_an_outage_and_recovers_without_restart(
-    aiohttp_client: Any, tmp_path: Path
+    gateway_client: ServeClient, tmp_path: Path
 ) -> None:
     server = MotoServer(tmp_path / "moto")
     server.start()
     try:
         bucket = server.create_bucket()
         config = parse_config({"stores": {"s3": s3_section(server, bucket)}})
-        client: Client = await aiohttp_client(create_app(config, registry=CollectorRegistry()))
+        client: Client = await gateway_client(create_app(config, registry=CollectorRegistry()))
         token = await take(client, "s3/k")
         headers = {"X-Fencing-Token": str(token)}
         assert (await client.put("/v1/stores/s3/k", data=b"a", headers=headers)).status == 200
@@ -521,11 +520,11 @@ async def test_gateway_answers_503_during_an_outage_and_recovers_without_restart
 
 
 async def test_metrics_count_s3_writes_and_rejections(
-    aiohttp_client: Any, s3_server: MotoServer, s3_bucket: str
+    gateway_client: ServeClient, s3_server: MotoServer, s3_bucket: str
 ) -> None:
     registry = CollectorRegistry()
     config = parse_config({"stores": {"s3": s3_section(s3_server, s3_bucket)}})
-    client: Client = await aiohttp_client(create_app(config, registry=registry))
+    client: Client = await gateway_client(create_app(config, registry=registry))
     old, new = await take(client, "s3/m"), await take(client, "s3/m")
     for token in (new, old):
         await client.put("/v1/stores/s3/m", data=b"x", headers={"X-Fencing-Token": str(token)})

@@ -23,18 +23,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.config import Config, parse_config
+from tests._gateway import Client as Client  # the tests of this package import it from here
+from tests._gateway import ServeClient
 from tests._s3_server import CREDENTIALS
 from tests.campaign.proxy import FaultProxy
 from tests.conftest import mysql_connect
 from tests.storage_adapters.conftest import s3_bucket, s3_server  # noqa: F401  # fixtures
-
-Client = TestClient[web.Request, web.Application]
 
 
 @dataclass(frozen=True)
@@ -329,13 +327,12 @@ Start = Callable[..., Awaitable[Client]]
 
 
 @pytest.fixture
-def start(aiohttp_client: Any) -> Start:
-    """Start an in-process gateway for a config (fresh metrics registry) and return its client."""
+def start(gateway_client: ServeClient) -> Start:
+    """Start an in-process gateway for a config (fresh metrics registry), served as
+    ``fencegate serve`` serves it, and return its client."""
 
     async def start(config: Config, registry: CollectorRegistry | None = None) -> Client:
-        app = create_app(config, registry=registry or CollectorRegistry())
-        client: Client = await aiohttp_client(app)
-        return client
+        return await gateway_client(create_app(config, registry=registry or CollectorRegistry()))
 
     return start
 
