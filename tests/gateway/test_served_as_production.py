@@ -86,8 +86,9 @@ async def test_the_in_process_gateway_runs_under_the_runner_of_fencegate_serve(
 
 async def _put_and_hang_up(client: Client, path: str, token: int, body: bytes) -> None:
     """Send a PUT on a connection of its own and close it before the answer comes."""
-    port = client.server.port
+    port, served = client.server.port, client.server.handler
     assert port is not None
+    before = served.requests_count
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         f"PUT {path} HTTP/1.1\r\nHost: x\r\nX-Fencing-Token: {token}\r\n"
@@ -95,7 +96,11 @@ async def _put_and_hang_up(client: Client, path: str, token: int, body: bytes) -
         + body
     )
     await writer.drain()
-    await asyncio.sleep(0.3)  # the gateway read the request and waits on the storage
+    for _ in range(500):  # until the gateway handles it
+        if served.requests_count > before:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # the handler waits on the storage
     assert not await _answered(reader)
     writer.close()
     await writer.wait_closed()
