@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, Metric, values
 
+import gateway.metrics as metrics_module
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.metrics import (
@@ -263,6 +264,114 @@ def test_each_histogram_hook_counts_as_prometheus_observe_does(
     assert _bucket_samples(ours, name) == _bucket_samples(theirs, name)
     by_name = dict(zip(histogram._labelnames, labels, strict=True))
     assert value(ours, f"{name}_count", **by_name) == len(amounts)
+
+
+def _one_lock_cycle(metrics: Metrics) -> None:
+    """The hooks a gateway calls for one HTTP acquire + release over three nodes."""
+    nodes = ("127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103")
+    for node in nodes:
+        metrics.node_call(node, 0.0002, True)
+    metrics.acquire_done("granted", 0.0005)
+    metrics.lease_granted(LEASE_ID, 10.0)
+    metrics.request_done("/v1/locks/{name}", "POST", 200, 0.001)
+    for node in nodes:
+        metrics.node_call(node, 0.0002, True)
+    metrics.released(0.0, "released")
+    metrics.lease_ended(LEASE_ID)
+    metrics.request_done("/v1/locks/{name}", "DELETE", 204, 0.001)
+
+
+class _CountingLock:
+    """A value's lock that counts how often it is taken."""
+
+    taken = 0
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        _CountingLock.taken += 1
+        self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(*exc)
+
+
+def _plain_values(metrics: Metrics) -> list[Any]:
+    """Every in-process value of every counter and histogram child of ``metrics``."""
+    found: list[Any] = []
+    for name in Metrics.__dataclass_fields__:
+        metric: Any = getattr(metrics, name)
+        if not isinstance(metric, Counter | Histogram):
+            continue
+        children: list[Any] = list(metric._metrics.values()) if metric._labelnames else [metric]
+        for child in children:
+            if isinstance(metric, Counter):
+                found.append(child._value)
+            else:
+                found += [child._sum, *child._buckets]
+    return [v for v in found if type(v) is values.MutexValue]
+
+
+def test_a_lock_cycle_updates_its_metrics_without_a_lock_per_value() -> None:
+    """27 values move in a lock cycle (counters, sums, buckets); each hook adds to its
+    values under one lock of its ``Metrics``, not through ``inc`` (a lock and a call)
+    per value."""
+    registry = CollectorRegistry()
+    metrics = Metrics.create(registry)
+    _one_lock_cycle(metrics)  # creates each label set's children
+    plain = _plain_values(metrics)
+    assert plain  # in-process values (no multiprocess dir in the tests)
+    for v in plain:
+        v._lock = _CountingLock(v._lock)
+    _CountingLock.taken = 0
+    _one_lock_cycle(metrics)
+    assert _CountingLock.taken == 0
+    assert value(registry, "fencegate_lock_acquisitions_total", result="granted") == 2
+    assert value(registry, "fencegate_lock_releases_total", result="released") == 2
+    assert value(registry, "fencegate_lock_hold_seconds_count") == 2
+    node = {"node": "127.0.0.1:7102"}
+    assert value(registry, "fencegate_redis_node_latency_seconds_count", **node) == 4
+    assert value(registry, "fencegate_redis_node_latency_seconds_sum", **node) == pytest.approx(
+        0.0008
+    )
+    post = {"route": "/v1/locks/{name}", "method": "POST"}
+    assert value(registry, "fencegate_http_requests_total", status="200", **post) == 2
+    assert value(registry, "fencegate_http_request_duration_seconds_count", **post) == 2
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[Any, ...], float]:
+    return {
+        (s.name, *sorted(s.labels.items())): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")
+        and s.name != "fencegate_lock_hold_seconds_sum"  # a measured time
+        and family.name != "fencegate_leases_held"
+    }
+
+
+def test_values_kept_elsewhere_are_updated_through_their_own_inc_to_the_same_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Multiprocess values (a file behind each) take each value's ``inc``: the same
+    counters, sums and buckets as the in-process path."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    locked = Metrics.create(ours)
+    for amount in (0.0, 0.0001, 0.0003, 0.002, 0.7, 1e9):
+        _one_lock_cycle(locked)
+        locked.node_call("127.0.0.1:7101", amount, False)
+        locked.write_done("kv", amount, True)
+        locked.acquire_done("held", amount, kind="shared")
+    monkeypatch.setattr(metrics_module, "_plain", lambda value: False)
+    each = Metrics.create(theirs)
+    for amount in (0.0, 0.0001, 0.0003, 0.002, 0.7, 1e9):
+        _one_lock_cycle(each)
+        each.node_call("127.0.0.1:7101", amount, False)
+        each.write_done("kv", amount, True)
+        each.acquire_done("held", amount, kind="shared")
+    assert _samples(ours) == _samples(theirs)
+    assert value(theirs, "fencegate_lock_acquisitions_total", result="granted") == 6
 
 
 def test_node_state_is_one_for_the_current_state_only() -> None:
