@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from lockservice import scripts
-from lockservice.resp import Connection, Reply, is_failure, open_connection
+from lockservice.resp import Connection, Reply, is_failure, open_connection, pack_script
 
 __all__ = ["Connected", "Inbox", "Message", "Node", "NodeAddress", "Replay", "parse_node_url"]
 
@@ -174,16 +174,20 @@ class Node:
     ) -> asyncio.Future[Reply]:
         conn = self._conn
         if conn is None or conn.closed:
-            fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-            if self.refused:
-                reason = f"evicts keys (maxmemory-policy {self.refused})"
-            else:
-                reason = self.problem or "is not connected"
-            fut.set_result(ConnectionError(reason))  # the label is the key of the report
-            if self._poked is not None and not self._poked.done():
-                self._poked.set_result(None)  # reconnect now rather than at the next tick
-            return fut
+            return self._unsent()
         return conn.send(*args, later=later, noscript=noscript)
+
+    def _unsent(self) -> asyncio.Future[Reply]:
+        """The answer of a command that could not be sent: why, and a reconnect now."""
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if self.refused:
+            reason = f"evicts keys (maxmemory-policy {self.refused})"
+        else:
+            reason = self.problem or "is not connected"
+        fut.set_result(ConnectionError(reason))  # the label is the key of the report
+        if self._poked is not None and not self._poked.done():
+            self._poked.set_result(None)  # reconnect now rather than at the next tick
+        return fut
 
     def call(
         self,
@@ -195,13 +199,19 @@ class Node:
     ) -> asyncio.Future[Reply]:
         """EVALSHA ``script``; on NOSCRIPT, EVAL its source (which caches it again).
 
-        ``later``: see ``Connection.send``.
+        ``later``: see ``Connection.send``. The nodes of a fan-out share one ``keys``
+        tuple: packed once for all of them (``pack_script``).
         """
-        return self.command(
-            b"EVALSHA", script.sha, len(keys), *keys, *args,
+        conn = self._conn
+        if conn is None or conn.closed:
+            return self._unsent()
+        keys = keys if isinstance(keys, tuple) else tuple(keys)
+        args = args if isinstance(args, tuple) else tuple(args)
+        return conn.send_packed(
+            pack_script(script.sha, keys, args),
             later=later,
             noscript=(b"EVAL", script.source, len(keys), *keys, *args),
-        )  # fmt: skip
+        )
 
     def _failed(self, reason: str) -> None:
         """The node cannot be used: log why, once per change of reason."""

@@ -22,7 +22,7 @@ from typing import TypeAlias, cast
 
 import hiredis
 
-__all__ = ["Connection", "Reply", "ReplyError", "is_failure", "open_connection"]
+__all__ = ["Connection", "Reply", "ReplyError", "is_failure", "open_connection", "pack_script"]
 
 ReplyError = hiredis.ReplyError
 # What a command's future resolves to: a RESP value, an error reply, or a lost
@@ -33,6 +33,37 @@ Reply: TypeAlias = "bytes | int | list[Reply] | ReplyError | ConnectionError | T
 def _pack(args: tuple[bytes | str | int, ...]) -> bytes:
     packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # stub types a 1-tuple
     return packed
+
+
+def _body(args: tuple[bytes | str | int, ...]) -> bytes:
+    """``args`` packed without the ``*<count>`` line that starts a command."""
+    if not args:
+        return b""
+    packed = _pack(args)
+    return packed[packed.index(b"\r\n") + 2 :]
+
+
+# The last (script sha, keys, packed EVALSHA sha numkeys keys...): the nodes of one
+# fan-out get one script with the same keys (one tuple, built once per fan-out) and
+# arguments that may differ (a node's run id), so the part before the arguments is
+# packed once per fan-out rather than once per node. hiredis formats every argument
+# with sprintf: packing is most of the client's own work for a command. One tuple,
+# replaced whole: a loop in another thread sees an old entry or a new one, never half.
+_last_head: tuple[bytes, tuple[bytes | str, ...], bytes] = (b"", (), b"")
+
+
+def pack_script(
+    sha: bytes, keys: tuple[bytes | str, ...], args: tuple[bytes | str | int, ...]
+) -> bytes:
+    """``EVALSHA sha len(keys) *keys *args`` packed as RESP, as ``hiredis.pack_command``."""
+    global _last_head
+    last = _last_head
+    if last[1] is keys and last[0] is sha:
+        head = last[2]
+    else:
+        head = _body((b"EVALSHA", sha, len(keys), *keys))
+        _last_head = (sha, keys, head)
+    return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), head, _body(args)))
 
 
 _Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, tuple[bytes | str | int, ...] | None]"
@@ -108,12 +139,22 @@ class Connection(asyncio.Protocol):
         reply is a NOSCRIPT error (EVAL for an EVALSHA); the future then
         resolves to that command's reply: one future per call, no second hop.
         """
+        return self.send_packed(_pack(args), later=later, noscript=noscript)
+
+    def send_packed(
+        self,
+        packed: bytes,
+        *,
+        later: bool = False,
+        noscript: tuple[bytes | str | int, ...] | None = None,
+    ) -> asyncio.Future[Reply]:
+        """``send`` of a command packed already (``pack_script``)."""
         fut: asyncio.Future[Reply] = self._loop.create_future()
         if self.closed:
             fut.set_result(ConnectionError("connection closed"))
             return fut
         self._pending.append((fut, self._loop.time(), noscript))  # packed only if needed
-        self._write(_pack(args), later)
+        self._write(packed, later)
         return fut
 
     def _write(self, packed: bytes, later: bool = False) -> None:

@@ -1,0 +1,71 @@
+"""Script commands are packed as hiredis packs them, the fan-out's shared part once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hiredis
+import pytest
+
+from lockservice import LockManager
+from lockservice.protocol import lock_key
+from lockservice.resp import pack_script
+from tests._servers import RedisNode
+
+SHA_A = b"a" * 40
+SHA_B = b"b" * 40
+
+
+def _hiredis(args: tuple[bytes | str | int, ...]) -> bytes:
+    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # stub types a 1-tuple
+    return packed
+
+
+@pytest.mark.parametrize(
+    ("keys", "args"),
+    [
+        (("lock:{n}", "fence:{n}"), ("0123abcd", 10000, "", 30000, "run", "proc")),
+        (("lock:{é/ü}",), ("ünïcode", b"\x00\r\n\xff", -1, 0, 2**63 - 1)),
+        ((), ()),
+        (("k",), ()),
+        ((), ("only", "args")),
+    ],
+)
+def test_a_packed_script_is_what_hiredis_packs(
+    keys: tuple[str, ...], args: tuple[bytes | str | int, ...]
+) -> None:
+    for sha in (SHA_A, SHA_B, SHA_A):  # the cached part changes with the script, and back
+        expected = _hiredis((b"EVALSHA", sha, len(keys), *keys, *args))
+        assert pack_script(sha, keys, args) == expected
+        assert pack_script(sha, keys, args) == expected  # again: from the cached part
+        equal = tuple(keys)  # equal keys in another tuple: packed on their own, the same
+        assert pack_script(sha, equal, args) == expected
+        other = tuple(f"{k}x" for k in keys)
+        assert pack_script(sha, other, args) == _hiredis(
+            (b"EVALSHA", sha, len(other), *other, *args)
+        )
+
+
+async def test_a_fan_out_packs_the_script_and_keys_once_for_every_node(
+    redis3: list[RedisNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acquire and a release of a handle each send one script with the same keys to
+    the three nodes: the lock's key is formatted once per fan-out, not once per node."""
+    mgr = await LockManager.connect([n.url for n in redis3])
+    try:
+        await mgr.release(await mgr.acquire("pack/warm", ttl=10.0))  # connected, scripts loaded
+        packed: list[Any] = []
+        real = hiredis.pack_command
+
+        def counting(args: Any) -> bytes:
+            packed.extend(args)
+            return real(args)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(hiredis, "pack_command", counting)
+        lease = await mgr.acquire("pack/a", ttl=10.0)
+        await mgr.release(LockManager.handle(lease.name, lease.lease_id))
+        monkeypatch.setattr(hiredis, "pack_command", real)
+        assert packed.count(lock_key("pack/a")) == 2  # acquire.lua, release.lua: once each
+        assert packed.count(lease.lease_id) == 6  # the arguments: once per node
+    finally:
+        await mgr.close()
