@@ -24,9 +24,11 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.config import ApiKey
 from gateway.errors import (
+    BadRequest,
     Forbidden,
     GatewayError,
     MethodNotAllowed,
@@ -195,6 +197,8 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
 
 
 def _render(request: web.Request, exc: Exception) -> web.Response:
+    if isinstance(exc, RequestPayloadError):
+        return _unreadable_body(request, exc)
     status = status_of(exc)
     if status is None and isinstance(exc, ConnectionResetError) and _client_gone(request):
         # The client closed the connection before its body arrived (aiohttp fails the
@@ -210,6 +214,21 @@ def _render(request: web.Request, exc: Exception) -> web.Response:
     if status >= 500 and not isinstance(exc, ShuttingDown | StoreNotStarted):
         log.warning("%s %s: %s", request.method, route_label(request), exc)
     return _json_error(exc, status)
+
+
+def _unreadable_body(request: web.Request, exc: RequestPayloadError) -> web.Response:
+    """400 for a body aiohttp could not decode (not in its ``Content-Encoding``).
+
+    The client's mistake, answered as one rather than a 500 with a traceback. The
+    rest of the body cannot be read either: the connection closes after the answer,
+    and the body is marked ended so that aiohttp does not read it again to drain it
+    (which would raise the same error and log it).
+    """
+    reason = " ".join(str(getattr(exc.__cause__, "message", None) or exc).split())
+    request.content.feed_eof()
+    response = _json_error(BadRequest(f"the body cannot be read: {reason}"), 400)
+    response.force_close()
+    return response
 
 
 def _client_gone(request: web.Request) -> bool:

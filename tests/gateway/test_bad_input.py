@@ -183,3 +183,32 @@ async def test_shared_refused_behind_another_gateways_waiter_says_the_holders_tt
         waiter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
+
+
+# -- a body that cannot be decoded (Content-Encoding) -----------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/v1/locks/enc"), ("POST", "/v1/semaphores/enc"), ("POST", "/v1/locks/enc/renew"),
+     ("PUT", "/v1/stores/files/enc")],
+)  # fmt: skip
+async def test_a_body_not_in_its_content_encoding_is_400_and_nothing_taken_or_written(
+    client: Client,
+    files_root: Path,
+    caplog: pytest.LogCaptureFixture,
+    encoding: str,
+    method: str,
+    path: str,
+) -> None:
+    grant = await take(client, "files/enc")
+    headers = {"Content-Encoding": encoding, "X-Fencing-Token": str(grant["token"])}
+    response = await client.request(method, path, data=b'{"ttl_ms": 1000}', headers=headers)
+    body = await error(response, 400, "bad_request")
+    assert encoding in body["message"], body
+    assert "Traceback" not in caplog.text
+    assert "unhandled" not in caplog.text.lower()
+    state = await client.get("/v1/locks/enc")
+    assert (await state.json())["held"] is False
+    assert not (files_root / "enc").exists()
