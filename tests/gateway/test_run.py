@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -198,3 +200,49 @@ def test_the_cli_runs_a_command_under_the_lock_and_exits_with_its_status(
     finally:
         gateway.terminate()
         gateway.wait(30)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped yet, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+async def test_a_command_whose_run_is_killed_with_sigkill_gets_sigterm(
+    server: Client, tmp_path: Path
+) -> None:
+    """A SIGKILLed ``run`` renews no more: its command must not outlive it.
+
+    It gets SIGTERM at once (its lease is not lost yet, but nothing keeps it any
+    more), as it would on a lost lease.
+    """
+    url = str(server.make_url("")).rstrip("/")
+    pid_file = tmp_path / "pid"
+    script = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    run = await asyncio.create_subprocess_exec(
+        *[PY, "-m", "gateway", "run", "--url", url, "jobs/orphan", "--ttl-ms", "1000"],
+        *["--", PY, "-c", script],
+    )
+    command = 0
+    try:
+        for _ in range(400):
+            if pid_file.exists() and pid_file.read_text():
+                command = int(pid_file.read_text())
+                break
+            await asyncio.sleep(0.05)
+        assert command, "the command did not start"
+        run.kill()
+        await run.wait()
+        for _ in range(100):
+            if not _alive(command):
+                break
+            await asyncio.sleep(0.05)
+        assert not _alive(command), "the command outlived its killed run"
+    finally:
+        if command and _alive(command):
+            os.kill(command, signal.SIGKILL)
