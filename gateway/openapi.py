@@ -56,6 +56,7 @@ _AUTH: Final = {
     "403": _error("the key may not use this verb or name", "forbidden"),
 }
 _BAD: Final = {"400": _error("malformed request", "bad_request")}
+_TOO_LARGE: Final = {"413": _error("body above max_body_bytes", "too_large")}
 _QUORUM: Final = {"503": _error("no majority of lock nodes answered", "quorum_unavailable")}
 _LEASE_LOST: Final = {"409": _error("the lease expired or another holds the lock", "lease_lost")}
 _RETRY: Final = {"Retry-After": {"schema": INT, "description": "seconds"}}
@@ -75,6 +76,7 @@ _RENEWED: Final = {
     **_BAD,
     **_AUTH,
     **_LEASE_LOST,
+    **_TOO_LARGE,
     **_QUORUM,
 }
 _MODE_FIELD: Final = {
@@ -198,6 +200,7 @@ def _document() -> dict[str, Any]:
                         **_BAD,
                         **_AUTH,
                         "409": _error("another lease holds it", "lock_held", headers=_RETRY),
+                        **_TOO_LARGE,
                         **_QUORUM,
                     },
                 },
@@ -256,6 +259,7 @@ def _document() -> dict[str, Any]:
                             "permits_mismatch",
                             headers=_RETRY,
                         ),
+                        **_TOO_LARGE,
                         **_QUORUM,
                     },
                 },
@@ -299,7 +303,7 @@ def _document() -> dict[str, Any]:
                     "responses": {
                         "200": _ok("written", _ref("schemas/Written")),
                         **fenced_write,
-                        "413": _error("body above max_body_bytes", "too_large"),
+                        **_TOO_LARGE,
                     },
                 },
                 "get": {

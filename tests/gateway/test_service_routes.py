@@ -155,6 +155,26 @@ async def test_openapi_documents_every_error_code_and_header(client: Client) -> 
     assert "Allow" in doc["components"]["responses"]["MethodNotAllowed"]["headers"]
 
 
+@pytest.mark.parametrize(
+    ("path", "template"),
+    [("/v1/locks/big", "/v1/locks/{name}"), ("/v1/locks/big/renew", "/v1/locks/{name}/renew"),
+     ("/v1/semaphores/big", "/v1/semaphores/{name}"),
+     ("/v1/semaphores/big/renew", "/v1/semaphores/{name}/renew")],
+)  # fmt: skip
+async def test_a_lock_body_above_max_body_bytes_is_413_as_documented(
+    start: Start, path: str, template: str
+) -> None:
+    client = await start(make_config(max_body_bytes=64))
+    body = b'{"ttl_ms": 1000, "pad": "' + b"x" * 100 + b'"}'
+    response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 413, await response.text()
+    assert (await response.json())["error"] == "too_large"
+    doc = await (await client.get("/v1/openapi.json")).json()
+    documented = doc["paths"][template]["post"]["responses"]
+    assert "413" in documented, sorted(documented)
+    assert "too_large" in str(documented["413"])
+
+
 async def test_metrics_are_prometheus_text_with_route_templates(
     start: Start, files_root: Path
 ) -> None:
