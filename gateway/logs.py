@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Final
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "setup_logging"]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "ClientErrorFilter", "JsonFormatter", "setup_logging"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("text", "json")
@@ -35,6 +35,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class ClientErrorFilter(logging.Filter):
+    """Keeps requests that aiohttp's HTTP parser refused (4xx) out of the log above DEBUG.
+
+    aiohttp answers a malformed request itself (a header above 8190 bytes, a bad
+    request line or Content-Length: 400) and logs each at ERROR with a traceback:
+    a client's mistake, not the gateway's, and one a client could repeat to fill
+    the log. At ``log_level = "debug"`` it stays, as one DEBUG line.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError) or not 400 <= (exc.code or 0) < 500:
+            return True
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = f"{record.getMessage()}: {' '.join(str(exc).split())}", ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
+_CLIENT_ERRORS: Final = ClientErrorFilter()
+
+
 def setup_logging(level: str, fmt: str) -> None:
     """Log records at ``level`` and above to stderr as ``fmt`` (replaces earlier set-up)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -44,3 +70,6 @@ def setup_logging(level: str, fmt: str) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    server_log = logging.getLogger("aiohttp.server")
+    server_log.removeFilter(_CLIENT_ERRORS)
+    server_log.addFilter(_CLIENT_ERRORS)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from multidict import CIMultiDict
 
-from tests._servers import RedisNode
+from tests._servers import RedisNode, free_port
 from tests.gateway.conftest import (
     API_KEYS,
     Client,
@@ -212,3 +217,46 @@ async def test_a_body_not_in_its_content_encoding_is_400_and_nothing_taken_or_wr
     state = await client.get("/v1/locks/enc")
     assert (await state.json())["held"] is False
     assert not (files_root / "enc").exists()
+
+
+# -- requests aiohttp's parser refuses before the app sees them ------------------------------
+
+
+def test_a_request_the_http_parser_refuses_is_400_without_a_logged_traceback(
+    tmp_path: Path,
+) -> None:
+    """A header above aiohttp's 8190 bytes, a bad request line: the client's mistakes.
+
+    aiohttp answers them itself (400) and logs each at ERROR with a traceback by
+    default; the gateway's log keeps them out above DEBUG.
+    """
+    port = free_port()
+    config = tmp_path / "fencegate.toml"
+    config.write_text(f'listen = "127.0.0.1:{port}"\n')
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(400):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.05)
+        for request in (
+            b"DELETE /v1/locks/x HTTP/1.1\r\nHost: h\r\nX-Lease-Id: " + b"a" * 9000 + b"\r\n\r\n",
+            b"POST /v1/locks/x HTTP/1.1\r\nHost: h\r\nContent-Length: x\r\n\r\n",
+        ):
+            with socket.create_connection(("127.0.0.1", port), 5) as conn:
+                conn.sendall(request)
+                conn.settimeout(5)
+                status_line = conn.recv(4096).split(b"\r\n", 1)[0]
+                assert status_line.split()[1] == b"400", status_line
+    finally:
+        gateway.send_signal(signal.SIGINT)
+        _, stderr = gateway.communicate(timeout=60)
+    assert "stopped" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "Error handling request" not in stderr, stderr
