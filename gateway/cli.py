@@ -267,15 +267,22 @@ async def _semaphore(client: FencegateClient, args: argparse.Namespace) -> objec
     return _granted(args, lease, "acquired semaphore", f"  permits   {lease.permits}")
 
 
+def _valid_ms(lease: Lease) -> int:
+    """The validity the gateway computed, else what is left of it here."""
+    return lease.valid_ms if lease.valid_ms is not None else max(0, int(lease.remaining() * 1000))
+
+
 def _granted(args: argparse.Namespace, lease: Lease, what: str, kind: str) -> object:
-    ttl_ms = round(lease.remaining() * 1000)
+    # ttl_ms and valid_ms as the HTTP answer has them: the ttl granted (the one asked
+    # for) and the validity the gateway computed, which is the one to act on.
+    ttl_ms, valid_ms = args.ttl_ms, _valid_ms(lease)
     _say(args, f"{what} {lease.name}\n  token     {lease.token}\n  lease_id  {lease.lease_id}")
-    _say(args, f"  ttl_ms    {ttl_ms}\n{kind}")
+    _say(args, f"  ttl_ms    {ttl_ms}\n  valid_ms  {valid_ms}\n{kind}")
     flag = " --semaphore" if lease.mode == "semaphore" else ""
     _say(args, f"release with: fencegate unlock {lease.name} --lease-id {lease.lease_id}{flag}")
     reply = {"name": lease.name, "token": lease.token, "lease_id": lease.lease_id}
     extra = {"permits": lease.permits} if lease.mode == "semaphore" else {"mode": lease.mode}
-    return {**reply, "ttl_ms": ttl_ms, "valid_ms": lease.valid_ms, **extra}
+    return {**reply, "ttl_ms": ttl_ms, "valid_ms": valid_ms, **extra}
 
 
 def _handle(args: argparse.Namespace) -> Lease:
@@ -286,9 +293,9 @@ def _handle(args: argparse.Namespace) -> Lease:
 
 async def _renew(client: FencegateClient, args: argparse.Namespace) -> object:
     lease = await client.extend(_handle(args), ttl=args.ttl_ms / 1000)
-    ttl_ms = round(lease.remaining() * 1000)
-    _say(args, f"renewed {lease.name}: token {lease.token}, ttl_ms {ttl_ms}")
-    return {"name": lease.name, "token": lease.token, "ttl_ms": ttl_ms, "valid_ms": lease.valid_ms}
+    ttl_ms, valid_ms = args.ttl_ms, _valid_ms(lease)
+    _say(args, f"renewed {lease.name}: token {lease.token}, ttl_ms {ttl_ms}, valid_ms {valid_ms}")
+    return {"name": lease.name, "token": lease.token, "ttl_ms": ttl_ms, "valid_ms": valid_ms}
 
 
 async def _unlock(client: FencegateClient, args: argparse.Namespace) -> object:

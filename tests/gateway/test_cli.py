@@ -175,6 +175,31 @@ def test_verbs_against_a_running_gateway(
     assert "lease_lost" in err
 
 
+def test_json_ttl_ms_is_the_ttl_granted_as_in_the_http_answer(
+    served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--json`` prints the fields of the HTTP answer with their meaning: ``ttl_ms`` is
+    the ttl granted, ``valid_ms`` the validity left; neither is the other."""
+    url, _ = served
+    status, out, _ = run(capsys, "lock", "cli/ttl", "--ttl-ms", "5000", "--url", url, "--json")
+    assert status == 0
+    grant = json.loads(out)
+    assert grant["ttl_ms"] == 5000, grant
+    assert 0 < grant["valid_ms"] < 5000, grant
+    status, out, _ = run(capsys, "lock", "cli/ttl", "--ttl-ms", "5000", "--url", url)
+    assert status == 1
+    lease_id = grant["lease_id"]
+    renew = ["renew", "cli/ttl", "--lease-id", lease_id, "--ttl-ms", "7000", "--url", url]
+    status, out, _ = run(capsys, *renew, "--json")
+    assert status == 0
+    renewal = json.loads(out)
+    assert renewal["ttl_ms"] == 7000, renewal
+    assert 5000 < renewal["valid_ms"] < 7000, renewal
+    status, out, _ = run(capsys, *renew)
+    assert "ttl_ms 7000" in out, out
+    assert main(["unlock", "cli/ttl", "--lease-id", lease_id, "--url", url]) == 0
+
+
 def test_unreachable_gateway_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(capsys, "status", "x", "--url", f"http://127.0.0.1:{free_port()}")
     assert status == 3
