@@ -89,19 +89,28 @@ class Renewal:
     async def _run(self) -> None:
         # The grant may have used up part of the ttl: renew before a third of what is left.
         interval = min(self._ttl / 3, max(self.lease.remaining() / 3, 0.001))
+        retried: tuple[type[BaseException], ...] = (*self._transient_types, TimeoutError)
         while True:
             await asyncio.sleep(interval)
+            # An extend that has not answered when the lease runs out is a loss then, not
+            # when its own timeout ends (an HTTP client's may be far longer than the
+            # lease): the holder must not work on past its validity.
+            deadline = asyncio.timeout(max(self.lease.remaining(), 0.0))
             try:
-                self.lease = await self._extend(self.lease, self._ttl)
+                async with deadline:
+                    self.lease = await self._extend(self.lease, self._ttl)
                 interval = self._ttl / 3
             except self._lost_types as exc:
                 self._lose(exc)  # extend reported it already
                 return
-            except self._transient_types as exc:
-                if self.lease.expired:
+            except retried as exc:
+                if not deadline.expired() and not isinstance(exc, self._transient_types):
+                    raise  # a TimeoutError of the extend's own making, not ours: not handled
+                if self.lease.expired or deadline.expired():
                     if self._on_lost is not None:
                         self._on_lost("renew_failed")
-                    self._lose(self._make_lost(self.lease, f"renewal failed: {exc}"))
+                    reason = "no answer before the lease ran out" if deadline.expired() else exc
+                    self._lose(self._make_lost(self.lease, f"renewal failed: {reason}"))
                     return
                 log.warning("renewal of %r failed, retrying: %s", self.lease.name, exc)
                 interval = min(self._ttl / 10, max(self.lease.remaining() / 2, 0.001))
