@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from gateway.client import FencegateClient, LeaseLost
+from gateway.sync_client import SyncFencegateClient
 from tests._servers import RedisNode
 from tests.faults.test_gateway_two_processes import GatewayProcess
 
@@ -49,4 +50,43 @@ async def test_a_holder_is_cut_off_when_its_lease_runs_out_while_the_gateway_is_
             assert late < 0.5, f"the holder ran {late:.2f} s past its lease's validity"
     finally:
         gateway.proc.send_signal(signal.SIGCONT)
+        gateway.stop()
+
+
+async def test_the_sync_client_logs_the_loss_when_the_lease_runs_out_while_the_gateway_is_paused(
+    tmp_path: Path, redis3: list[RedisNode], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sync client cannot interrupt its block; it must still learn the loss on time
+    (logged at once) and end the block without waiting for the hung renew."""
+    gateway = GatewayProcess(tmp_path / "gw", {"locks": {"redis": [n.url for n in redis3]}})
+    gateway.start()
+    assert gateway.proc is not None
+    proc = gateway.proc
+    validity_end = 0.0
+
+    def hold_while_the_gateway_is_paused() -> None:
+        nonlocal validity_end
+        with (
+            SyncFencegateClient(gateway.url, timeout=20.0) as client,
+            client.lock("paused/sync", ttl=1.0) as lease,
+        ):
+            validity_end = time.monotonic() + lease.remaining()
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(4)
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            await gateway.wait_ready(session)
+        with pytest.raises(LeaseLost):
+            await asyncio.to_thread(hold_while_the_gateway_is_paused)
+        ended = time.monotonic()
+        assert ended - validity_end < 4.5, "the block's end waited for the hung renew"
+        [record] = [r for r in caplog.records if r.name == "gateway.sync_client"
+                    and "lease_lost" in r.getMessage()]  # fmt: skip
+        logged = record.created - (time.time() - time.monotonic())  # on the monotonic clock
+        assert logged - validity_end < 0.5, (
+            f"the loss was logged {logged - validity_end:.2f} s late"
+        )
+    finally:
+        proc.send_signal(signal.SIGCONT)
         gateway.stop()
