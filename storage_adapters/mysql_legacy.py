@@ -329,6 +329,14 @@ def _bindable(value: object) -> object:
             return json.dumps(value)
         except RecursionError:  # parsed near the limit, a few frames deeper here
             raise BadValue("body is not JSON: nested too deeply") from None
+    if isinstance(value, str):
+        try:  # JSON's "\ud800" parses to a lone surrogate, which has no UTF-8 form
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadValue(
+                f"a string value is not valid Unicode ({exc.reason} at character {exc.start})"
+            ) from None
+        return value
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, float) and not math.isfinite(value):

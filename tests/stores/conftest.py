@@ -131,6 +131,7 @@ LEGACY_BAD_BODIES = (
     b"\xff\xfe",
     b"[" * 3000 + b"]" * 3000,  # nested past the parser's recursion limit
     b'{"note": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+    b'{"note": "\\ud800"}',  # valid JSON text, but a lone surrogate is no UTF-8 character
 )
 
 
