@@ -138,13 +138,25 @@ async def _fence(request: web.Request, entry: StoreEntry, scope: str, token: int
     cache.update(scope, issued)
     if token > issued:
         metrics.rejected(entry.name, "token_not_issued")
-        raise TokenNotIssued(token, issued, scope=scope, hint=_not_issued_hint(request, scope))
+        hint = _not_issued_hint(request, entry, scope)
+        raise TokenNotIssued(token, issued, scope=scope, hint=hint)
 
 
-def _not_issued_hint(request: web.Request, scope: str) -> str:
+def _not_issued_hint(request: web.Request, entry: StoreEntry, scope: str) -> str:
     """How to fix a token of another lock: the lock that fences the key, or the header."""
     if LOCK_HEADER in request.headers:
         return f"send a token of lock {scope!r}, the lock {LOCK_HEADER} names"
+    if scope.rpartition("/")[2] == "renew":  # POST /v1/locks refuses such a name
+        if entry.store.per_key_scope:
+            return (
+                f"the lock {scope!r} that fences this key cannot be taken over HTTP (its last"
+                f" segment is 'renew') and store {entry.name!r} ({entry.store.kind}) takes no"
+                f" {LOCK_HEADER}: use a key whose last segment is not 'renew'"
+            )
+        return (
+            f"the lock {scope!r} that fences this key cannot be taken over HTTP (its last"
+            f" segment is 'renew'): take another lock and name it in {LOCK_HEADER}"
+        )
     return (
         f"a key is fenced by the lock {scope!r} (its store/key): take that lock, or name "
         f"the lock you hold in {LOCK_HEADER} (fencegate put --lock, client lock=)"

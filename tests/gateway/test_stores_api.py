@@ -241,3 +241,22 @@ async def test_every_store_serves_the_content_type_of_the_last_write(
     assert decode(kind, await got.read()) == "two"
     expected = "application/json" if kind == "legacy" else "application/octet-stream"
     assert got.headers["Content-Type"].partition(";")[0] == expected
+
+
+async def test_a_key_whose_lock_cannot_be_taken_says_to_name_another(
+    start: Start, files_root: Path
+) -> None:
+    # The lock files/jobs/renew is refused by POST /v1/locks (its renew route would be
+    # ambiguous), so the default scope of key jobs/renew has no lock a client can take.
+    client = await start(make_config(stores={"files": {"type": "files", "root": str(files_root)}}))
+    refused = await client.post("/v1/locks/files/jobs/renew", json={"ttl_ms": 1000})
+    await error(refused, 400, "bad_request")
+    grant = await take(client, "jobs")
+    body = await error(await put(client, "files", "jobs/renew", "x", grant["token"]), 403,
+                       "token_not_issued")  # fmt: skip
+    assert "take that lock" not in body["message"], body
+    assert "'renew'" in body["message"], body
+    assert "X-Fencing-Lock" in body["message"], body
+    named = await put(client, "files", "jobs/renew", "x", grant["token"],
+                      **{"X-Fencing-Lock": "jobs"})  # fmt: skip
+    assert named.status == 200, await named.text()
