@@ -71,6 +71,7 @@ _DELETED: Final = "fencegate-deleted"
 _LOST_RACE: Final = frozenset({409, 412})
 _PROBE: Final = ".fencegate@probe/"
 _NO_ETAG: Final = '"00000000000000000000000000000000"'
+_EMPTY_MD5: Final = "d41d8cd98f00b204e9800998ecf8427e"  # the ETag of an empty object
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +368,7 @@ class S3Store(FencedStore):
         client = self._require_client()
         async with self._errors("PutObject", conditional=True):
             if current is None:
-                await client.put_object(
+                resp = await client.put_object(
                     Bucket=self.bucket,
                     Key=name,
                     Body=body,
@@ -376,7 +377,7 @@ class S3Store(FencedStore):
                     IfNoneMatch="*",
                 )
             else:
-                await client.put_object(
+                resp = await client.put_object(
                     Bucket=self.bucket,
                     Key=name,
                     Body=body,
@@ -384,6 +385,15 @@ class S3Store(FencedStore):
                     Metadata=meta,
                     IfMatch=current.etag,
                 )
+        if body and str(resp.get("ETag", "")).strip('"') == _EMPTY_MD5:
+            # The server kept an empty object (moto's server parses a form-encoded body
+            # as a form and drops it): never report that as a write of the body.
+            raise StorageUnavailable(
+                self.name,
+                f"PutObject of {name!r}: the server stored an empty object instead of the"
+                f" {len(body)}-byte body (ETag {_EMPTY_MD5}, the MD5 of nothing); a server that"
+                f" drops {content_type!r} bodies needs another Content-Type",
+            )
 
     async def _tombstone(self, name: str, current: _Object | None, *, mark: int) -> None:
         # The mark in the body too: every tombstone has its own ETag (an empty body would
