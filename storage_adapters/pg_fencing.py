@@ -14,6 +14,9 @@ and every row it writes is checked against the proxy's own high-water table
 
 else SQLSTATE ``FG409`` (stale token; the message names both numbers), or,
 with ``require_token`` (the default), ``FG428`` for a write without a token.
+Row triggers do not fire on TRUNCATE, so a statement trigger
+``fencegate_fence_truncate`` refuses it (``FG428``) unless unfenced writes are
+allowed and no token is set: it cannot be checked row by row (DELETE is).
 
 Lock order. Every fenced writer takes the data row before the fence row:
 
@@ -90,6 +93,17 @@ DECLARE
     v_old_key text;
     v_new_key text;
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        -- A statement trigger (fencegate_fence_truncate): rows are not checked one by one.
+        IF v_require OR v_token_text IS NOT NULL THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'FG428',
+                MESSAGE = format('fencegate: TRUNCATE of %I.%I cannot be fenced row by row',
+                                 TG_TABLE_SCHEMA, TG_TABLE_NAME),
+                HINT = 'DELETE FROM the table in a fenced transaction (each row is checked)';
+        END IF;
+        RETURN NULL;
+    END IF;
     IF v_token_text IS NULL THEN
         IF v_require THEN
             RAISE EXCEPTION USING
@@ -190,6 +204,13 @@ _TRIGGER_SQL: Final = (
     " EXECUTE FUNCTION fencegate.check_fence(%L, %L, %L, %L)',"
     " $1::text, $2::text, $3::text, $4::text, $5::text, $6::text)"
 )
+# Row triggers do not fire on TRUNCATE; this one refuses it as check_fence says.
+_TRUNCATE_TRIGGER_SQL: Final = (
+    "SELECT format('CREATE OR REPLACE TRIGGER fencegate_fence_truncate"
+    " BEFORE TRUNCATE ON %I.%I FOR EACH STATEMENT"
+    " EXECUTE FUNCTION fencegate.check_fence(%L, %L, %L, %L)',"
+    " $1::text, $2::text, $3::text, $4::text, $5::text, $6::text)"
+)
 
 _KEY_SQL: Final = (
     "SELECT format_type(a.atttypid, -1) AS key_type,"
@@ -267,16 +288,9 @@ async def install_fencing(
         await conn.execute(_FUNCTION_SQL)
         # A savepoint inside this transaction; the advisory lock is taken again (reentrant).
         await ensure_tables(conn, fence_schema, fence_tables(quote_ident(fence_schema)))
-        ddl = await conn.fetchval(
-            _TRIGGER_SQL,
-            schema,
-            table,
-            store,
-            key_column,
-            fence_schema,
-            "true" if require_token else "false",
-        )
-        await conn.execute(ddl)
+        args = (schema, table, store, key_column, fence_schema, str(require_token).lower())
+        for sql in (_TRIGGER_SQL, _TRUNCATE_TRIGGER_SQL):
+            await conn.execute(await conn.fetchval(sql, *args))
 
 
 async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") -> bool:
@@ -298,9 +312,11 @@ async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") ->
                 table,
             )
         )
+        target = f"{quote_ident(schema)}.{quote_ident(table)}"
         if had:
-            target = f"{quote_ident(schema)}.{quote_ident(table)}"
             await conn.execute(f"DROP TRIGGER IF EXISTS fencegate_fence ON {target}")
+        if await conn.fetchval("SELECT to_regclass($1)", target):
+            await conn.execute(f"DROP TRIGGER IF EXISTS fencegate_fence_truncate ON {target}")
         users = await conn.fetchval(
             "SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
             " JOIN pg_namespace n ON n.oid = p.pronamespace"

@@ -379,3 +379,37 @@ async def test_an_update_that_changes_the_key_is_checked_for_both_keys(
         await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET id = 'b' WHERE id = 'a'")
     assert await mark(admin, pg_schema, "accounts/a") == 10
     assert await mark(admin, pg_schema, "accounts/b") == 10
+
+
+async def test_truncate_is_refused_unless_unfenced_writes_are_allowed(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    # Row triggers do not fire on TRUNCATE: without a statement trigger it would empty
+    # the table with no token at all, under --require-token.
+    await accounts.put("accounts/a", "a", 3, json.dumps({"v": 7}).encode())
+    await install(admin, pg_schema)
+    truncate = f'TRUNCATE "{pg_schema}".accounts'
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await admin.execute(truncate)
+    assert refused.value.sqlstate == "FG428"
+    assert "TRUNCATE" in str(refused.value)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 5):
+            await admin.execute(truncate)
+    assert refused.value.sqlstate == "FG428"
+    assert await v_of(admin, pg_schema, "a") == 7
+    # --allow-unfenced lets unfenced writes through, a TRUNCATE too; a fenced one is
+    # still refused (it cannot be checked row by row: DELETE is).
+    await install(admin, pg_schema, require_token=False)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 5):
+            await admin.execute(truncate)
+    assert refused.value.sqlstate == "FG428"
+    await admin.execute(truncate)
+    assert await v_of(admin, pg_schema, "a") is None
+    assert await uninstall_fencing(admin, table="accounts", schema=pg_schema) is True
+    left = await admin.fetchval(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname LIKE 'fencegate%'",
+        f'"{pg_schema}".accounts',
+    )
+    assert left == 0
