@@ -231,7 +231,7 @@ class FileStore(FencedStore):
         content_type: str,
     ) -> None:
         mark = self._check_mark(scope, token)
-        folder = self._make_parents(key, parts)
+        folder = self._parents(key, parts)
         final = os.path.join(folder, parts[-1])
         self._check_target(key, final)
         tmp_folder = self._tmp_folder(folder)
@@ -242,7 +242,17 @@ class FileStore(FencedStore):
             ino = os.fstat(fd).st_ino
             if token is not None and token > mark:
                 self._write_mark(scope, token)
-            os.replace(tmp, final)
+            for attempt in range(3):
+                try:
+                    os.replace(tmp, final)
+                    break
+                except FileNotFoundError:
+                    # The delete of another key removed the (then empty) folder: again.
+                    if attempt == 2 or not os.path.exists(tmp):
+                        raise
+                    folder = self._parents(key, parts)
+                    final = os.path.join(folder, parts[-1])
+                    self._check_target(key, final)
             tmp = ""
         finally:
             os.close(fd)
@@ -278,11 +288,30 @@ class FileStore(FencedStore):
             self._write_mark(scope, token)
         if target is not None:
             os.unlink(target)
-            _fsync_dir(os.path.dirname(target))
+            with contextlib.suppress(FileNotFoundError):  # emptied and removed by a delete
+                _fsync_dir(os.path.dirname(target))
+            self._remove_empty_folders(parts)
         meta = self._meta_path(key)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(meta)
             _fsync_dir(os.path.dirname(meta))
+
+    def _remove_empty_folders(self, parts: list[str]) -> None:
+        """Remove the key's folders that the delete left empty, deepest first.
+
+        Otherwise key ``a`` stays refused ("a folder") once ``a/b`` is deleted. Only
+        real folders on the key's own path (no symlink on the way) are removed; a
+        writer that meanwhile puts a file into one of them tries again (``_sync_put``).
+        """
+        for depth in range(len(parts) - 1, 0, -1):
+            folder = os.path.join(self._root, *parts[:depth])
+            if os.path.realpath(folder) != folder:
+                return
+            try:
+                os.rmdir(folder)
+                _fsync_dir(os.path.dirname(folder))
+            except OSError:  # not empty (another key, a writer's new file), or gone
+                return
 
     # -- fencing -----------------------------------------------------------------------
 
@@ -344,6 +373,16 @@ class FileStore(FencedStore):
 
     def _allowed(self, real: str) -> bool:
         return _inside(real, self._root) and not _inside(real, self._hidden)
+
+    def _parents(self, key: str, parts: list[str]) -> str:
+        """``_make_parents``, again when a delete removed a folder on the way meanwhile."""
+        for attempt in range(3):
+            try:
+                return self._make_parents(key, parts)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def _make_parents(self, key: str, parts: list[str]) -> str:
         """Create the key's parent folders; refuse files in the way and symlinks out."""

@@ -147,6 +147,35 @@ async def test_key_conflicting_with_a_folder_or_file(files: FileStore) -> None:
     await files.delete("s", "a/b/c", 1)  # cannot exist: nothing to delete
 
 
+async def test_deleting_the_last_key_below_a_folder_frees_its_name(
+    files: FileStore, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    (root / "kept").mkdir()  # made by someone else, not by a delete: left alone
+    await files.put("s1", "a/b/c", 1, b"x")
+    await files.put("s2", "a/d", 1, b"y")
+    await files.delete("s1", "a/b/c", 1)
+    assert listdir(root / "a") == ["d"]  # a/b held only a/b/c
+    await files.delete("s2", "a/d", 1)
+    assert not (root / "a").exists()
+    await files.put("s3", "a", 1, b"now a key")  # was "conflicts with existing keys below it"
+    assert (await files.get("s3", "a", None)).body == b"now a key"
+    assert (root / "kept").is_dir()
+
+
+async def test_writers_below_a_folder_that_deletes_empty_keep_writing(
+    files: FileStore, tmp_path: Path
+) -> None:
+    # A delete may remove the folder another writer is about to replace its file into.
+    async def cycle(key: str) -> None:
+        for _ in range(40):
+            await files.put(key, key, 1, b"v")
+            await files.delete(key, key, 1)
+
+    await asyncio.gather(*(cycle(f"f/{i}") for i in range(4)))
+    assert not (tmp_path / "root" / "f").exists()
+
+
 async def test_leftover_temp_files_are_removed_at_start(tmp_path: Path) -> None:
     root = tmp_path / "root"
     async with FileStore("files", root) as store:
