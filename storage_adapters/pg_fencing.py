@@ -122,7 +122,9 @@ BEGIN
         END IF;
         RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
     END IF;
-    IF v_token_text !~ '^[0-9]{1,18}$' THEN
+    -- CASE: the cast runs only on digits (OR does not promise an order).
+    IF (CASE WHEN v_token_text ~ '^[0-9]{1,19}$'
+             THEN v_token_text::numeric > 9223372036854775807 ELSE true END) THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = format('fencegate: fencegate.token has value %L; not a token'
@@ -350,7 +352,7 @@ async def fencing_status(conn: Any, *, table: str, schema: str = "public") -> di
 
 
 def _check_token(token: int, lock: str | None) -> tuple[str, str | None]:
-    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 10**18:
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**63:
         raise ValueError(f"token has value {token!r}; not a fencing token")
     if lock is not None and (not lock or "\x00" in lock):
         raise ValueError(f"lock has value {lock!r}; not a lock name")

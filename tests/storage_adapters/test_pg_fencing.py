@@ -225,6 +225,33 @@ async def test_bad_token_setting_is_refused(
     with pytest.raises(ValueError, match="not a fencing token"):
         async with fenced_transaction(admin, -1):
             pass
+    for text in ("9223372036854775808", "99999999999999999999"):  # above bigint: refused
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await admin.execute(
+                f"BEGIN; SET LOCAL fencegate.token = '{text}';"
+                f" INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('n', 1); COMMIT"
+            )
+        await admin.execute("ROLLBACK")
+        assert refused.value.sqlstate == "22023", text
+    with pytest.raises(ValueError, match="not a fencing token"):
+        async with fenced_transaction(admin, 2**63):
+            pass
+
+
+async def test_every_token_the_gateway_accepts_is_a_token_here_too(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_schema: str
+) -> None:
+    # The gateway takes any X-Fencing-Token from 1 to 2**63 - 1 (a bigint), 19 digits.
+    await install(admin, pg_schema)
+    big = 2**63 - 1
+    async with fenced_transaction(admin, big):
+        await admin.execute(f"INSERT INTO \"{pg_schema}\".accounts (id, v) VALUES ('b', 1)")
+    assert await mark(admin, pg_schema, "accounts/b") == big
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        async with fenced_transaction(admin, 10**18):  # 19 digits, below the mark
+            await admin.execute(f"UPDATE \"{pg_schema}\".accounts SET v = 2 WHERE id = 'b'")
+    assert refused.value.sqlstate == "FG409"
+    assert await v_of(admin, pg_schema, "b") == 1
 
 
 async def test_paused_direct_writer_late_update_is_refused(
