@@ -132,6 +132,9 @@ LEGACY_BAD_BODIES = (
     b"[" * 3000 + b"]" * 3000,  # nested past the parser's recursion limit
     b'{"note": ' + b"[" * 3000 + b"]" * 3000 + b"}",
     b'{"note": "\\ud800"}',  # valid JSON text, but a lone surrogate is no UTF-8 character
+    b'{"balance": null}',  # NOT NULL
+    b'{"balance": 123456789012345678901234567890}',  # beyond DECIMAL(12,2)
+    b'{"balance": 1e400}',  # beyond any float
 )
 
 
