@@ -367,9 +367,12 @@ class FileStore(FencedStore):
     def _tmp_folder(self, folder: str) -> str:
         # os.replace needs one filesystem; a key folder on another mount gets its temp
         # file beside it, under a name with '@' that no key can name.
-        if os.stat(folder).st_dev == self._tmp_dev:
-            return os.path.join(self._hidden, "tmp")
-        return folder
+        try:
+            if os.stat(folder).st_dev != self._tmp_dev:
+                return folder
+        except FileNotFoundError:  # removed by a delete just now: the replace makes it again
+            pass
+        return os.path.join(self._hidden, "tmp")
 
     def _allowed(self, real: str) -> bool:
         return _inside(real, self._root) and not _inside(real, self._hidden)

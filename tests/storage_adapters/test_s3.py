@@ -490,6 +490,19 @@ async def test_x_fencing_lock_is_refused_with_the_reason(gateway: Client) -> Non
     await error(await gateway.get("/v1/stores/s3/k"), 404, "not_found")
 
 
+async def test_a_key_whose_lock_cannot_be_taken_is_refused_with_the_reason(
+    gateway: Client,
+) -> None:
+    # Lock s3/jobs/renew is refused by the lock routes, and s3 takes no X-Fencing-Lock.
+    token = await take(gateway, "jobs")
+    put = await gateway.put(
+        "/v1/stores/s3/jobs/renew", data=b"x", headers={"X-Fencing-Token": str(token)}
+    )
+    body = await error(put, 403, "token_not_issued")
+    assert "use a key whose last segment is not 'renew'" in body["message"], body
+    await error(await gateway.get("/v1/stores/s3/jobs/renew"), 404, "not_found")
+
+
 async def test_gateway_answers_503_during_an_outage_and_recovers_without_restart(
     gateway_client: ServeClient, tmp_path: Path
 ) -> None:

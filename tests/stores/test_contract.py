@@ -156,6 +156,9 @@ async def test_forged_token_is_403_and_nothing_applied(client: Client, subject: 
     assert await value_of(client, subject, "acct/9") is None
     # the forged token did not raise the mark: the real holder still writes
     assert (await put(client, subject, "acct/9", "real", grant["token"])).status == 200
+    body = await error(await delete(client, subject, "acct/9", forged), 403, "token_not_issued")
+    assert body["token"] == forged
+    assert await value_of(client, subject, "acct/9") == "real"
 
 
 async def test_oversized_body_is_413_and_nothing_applied(start: Start, subject: Subject) -> None:
