@@ -419,12 +419,22 @@ class FileStore(FencedStore):
             st = os.lstat(final)
         except FileNotFoundError:
             return
+        if stat.S_ISDIR(st.st_mode) and self._removed_if_empty(final):
+            return  # left by a delete before deletes removed empty folders
         if stat.S_ISDIR(st.st_mode):
             raise BadValue(
                 f"key {key!r} conflicts with existing keys below it (it is a folder)", key=key
             )
         if not stat.S_ISREG(st.st_mode):
             raise BadValue(f"key {key!r} is a symlink or special file; not written", key=key)
+
+    def _removed_if_empty(self, folder: str) -> bool:
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty: keys below it
+            return False
+        _fsync_dir(os.path.dirname(folder))
+        return True
 
     def _existing_target(self, key: str, parts: list[str]) -> str | None:
         """The key's file for a delete, or None when it does not exist."""

@@ -161,6 +161,9 @@ async def test_deleting_the_last_key_below_a_folder_frees_its_name(
     await files.put("s3", "a", 1, b"now a key")  # was "conflicts with existing keys below it"
     assert (await files.get("s3", "a", None)).body == b"now a key"
     assert (root / "kept").is_dir()
+    # An empty folder at a key's path (a delete of an older version left it) gives way.
+    await files.put("s4", "kept", 1, b"a key now")
+    assert (root / "kept").read_bytes() == b"a key now"
 
 
 async def test_writers_below_a_folder_that_deletes_empty_keep_writing(
