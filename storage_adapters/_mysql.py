@@ -93,6 +93,7 @@ _BAD_VALUE: Final = frozenset({
     3140, 3819, 4025, 4078,
 })  # fmt: skip
 _TOO_BIG: Final = 1153  # a packet above the server's max_allowed_packet
+_GONE: Final = frozenset({1054, 1146})  # unknown column, no such table (checked at start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,12 @@ def _translate(store: str, exc: BaseException, *, values: bool) -> StorageError:
             )
         if code in _BAD_VALUE and values:
             return BadValue(f"store {store!r} refused the value: {text}")
+        if code in _GONE:
+            return StoreMisconfigured(
+                store,
+                "the table changed after start and no longer matches the configuration"
+                f" (fix the table or the config, then restart): {text}",
+            )
         return StorageError(f"store {store!r}: MySQL error: {text}")
     if isinstance(exc, TimeoutError):
         return StorageUnavailable(store, "timed out")

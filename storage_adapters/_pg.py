@@ -45,6 +45,12 @@ _DDL_LOCK_KEY: Final = int.from_bytes(b"fencegat", "big", signed=True)
 
 # SQLSTATE classes that say "the server or the connection cannot serve this now".
 _UNAVAILABLE_CLASSES: Final = frozenset({"08", "40", "53", "55", "57", "58", "XX"})
+# A table or column that start found in the catalog is gone (undefined column, table).
+_GONE: Final = frozenset({"42703", "42P01"})
+_CHANGED: Final = (
+    "the table changed after start and no longer matches the configuration"
+    " (fix the table or the config, then restart)"
+)
 # SQLSTATE classes that say "this value cannot be stored" (data exception, constraint).
 _BAD_VALUE_CLASSES: Final = frozenset({"22", "23"})
 
@@ -200,6 +206,8 @@ def _translate(store: str, exc: BaseException) -> StorageError:
             return StorageUnavailable(store, text)
         if state[:2] in _BAD_VALUE_CLASSES:
             return BadValue(f"store {store!r} refused the value: {text}")
+        if state in _GONE:
+            return StoreMisconfigured(store, f"{_CHANGED}: {text}")
         return StorageError(f"store {store!r}: PostgreSQL error: {text}")
     if isinstance(exc, asyncpg.InterfaceError) and isinstance(exc, ValueError):
         # Client-side argument encoding failed (or a malformed DSN): not a reachability issue.

@@ -428,3 +428,18 @@ async def test_a_case_insensitive_key_table_of_fencegate_is_refused_until_altere
         await store.put("s", "key", 1, b'{"v": 2}')
         assert json.loads((await store.get("s", "Key", None)).body)["v"] == 1
         assert json.loads((await store.get("s", "key", None)).body)["v"] == 2
+
+
+async def test_a_column_dropped_under_a_running_store_is_a_configuration_error(
+    accounts: MysqlLegacyStore, mysql_dsn: str
+) -> None:
+    from gateway.errors import status_of
+    from storage_adapters.errors import StoreMisconfigured
+
+    await accounts.put("accounts/a", "a", 1, b'{"v": 1}')
+    await sql(mysql_dsn, "ALTER TABLE accounts DROP COLUMN note")
+    with pytest.raises(StoreMisconfigured, match="note") as refused:
+        await accounts.get("accounts/a", "a", None)
+    assert status_of(refused.value) == 503
+    with pytest.raises(StoreMisconfigured, match="note"):
+        await accounts.put("accounts/a", "a", 1, b'{"note": "x"}')

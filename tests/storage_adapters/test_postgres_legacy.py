@@ -326,3 +326,20 @@ async def test_key_columns_without_one_text_per_value_are_refused(
     await admin.execute(f'CREATE TABLE "{pg_schema}".k (id {column}, v bigint)')
     with pytest.raises(TableMismatch, match=problem):
         await legacy(pg_dsn, pg_schema, table="k", columns=["v"]).start()
+
+
+async def test_a_column_dropped_under_a_running_store_is_a_configuration_error(
+    accounts: PostgresLegacyStore, admin: asyncpg.Connection, pg_schema: str
+) -> None:
+    # The catalog was checked at start; a table changed since is the store's
+    # configuration gone wrong (503 storage_config), not an internal error (500).
+    from gateway.errors import status_of
+    from storage_adapters.errors import StoreMisconfigured
+
+    await accounts.put("accounts/a", "a", 1, b'{"v": 1}')
+    await admin.execute(f'ALTER TABLE "{pg_schema}".accounts DROP COLUMN note')
+    with pytest.raises(StoreMisconfigured, match="note") as refused:
+        await accounts.get("accounts/a", "a", None)
+    assert status_of(refused.value) == 503
+    with pytest.raises(StoreMisconfigured, match="note"):
+        await accounts.put("accounts/a", "a", 1, b'{"note": "x"}')
