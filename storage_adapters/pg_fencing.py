@@ -351,6 +351,18 @@ async def fencing_status(conn: Any, *, table: str, schema: str = "public") -> di
     }
 
 
+_SET_SETTINGS: Final = (
+    "SELECT set_config('fencegate.token', coalesce({}, ''), true),"
+    " set_config('fencegate.lock', coalesce({}, ''), true)"
+)
+# Inside a caller's transaction the block is a savepoint, and a setting made there
+# would stay set until the outer commit: what they were is put back after the block
+# (a rolled-back savepoint undoes the settings itself).
+_SETTINGS_NOW: Final = (
+    "SELECT current_setting('fencegate.token', true), current_setting('fencegate.lock', true)"
+)
+
+
 def _check_token(token: int, lock: str | None) -> tuple[str, str | None]:
     if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**63:
         raise ValueError(f"token has value {token!r}; not a fencing token")
@@ -372,24 +384,25 @@ async def fenced_transaction(conn: Any, token: int, lock: str | None = None) -> 
         asyncpg.PostgresError: SQLSTATE ``FG409`` (stale token) from a write in the block.
     """
     token_text, lock = _check_token(token, lock)
+    outer = None
+    if conn.is_in_transaction():  # a savepoint: SET LOCAL would outlive the block
+        outer = tuple(await conn.fetchrow(_SETTINGS_NOW))
     async with conn.transaction() as tx:
-        await conn.execute(
-            "SELECT set_config('fencegate.token', $1, true),"
-            " set_config('fencegate.lock', coalesce($2, ''), true)",
-            token_text,
-            lock,
-        )
+        await conn.execute(_SET_SETTINGS.format("$1", "$2"), token_text, lock)
         yield tx
+        if outer is not None:
+            await conn.execute(_SET_SETTINGS.format("$1", "$2"), *outer)
 
 
 @contextmanager
 def fenced_transaction_sync(conn: Any, token: int, lock: str | None = None) -> Iterator[Any]:
     """The same for a psycopg 3 connection (``psycopg.Connection``); sync."""
     token_text, lock = _check_token(token, lock)
+    outer = None
+    if conn.info.transaction_status != 0:  # not IDLE: a savepoint, as above
+        outer = tuple(conn.execute(_SETTINGS_NOW).fetchone())
     with conn.transaction() as tx:
-        conn.execute(
-            "SELECT set_config('fencegate.token', %s, true),"
-            " set_config('fencegate.lock', coalesce(%s, ''), true)",
-            (token_text, lock),
-        )
+        conn.execute(_SET_SETTINGS.format("%s", "%s"), (token_text, lock))
         yield tx
+        if outer is not None:
+            conn.execute(_SET_SETTINGS.format("%s", "%s"), outer)

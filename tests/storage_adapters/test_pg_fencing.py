@@ -440,3 +440,49 @@ async def test_truncate_is_refused_unless_unfenced_writes_are_allowed(
         f'"{pg_schema}".accounts',
     )
     assert left == 0
+
+
+async def test_a_block_inside_a_callers_transaction_leaves_no_token_set_after_it(
+    admin: asyncpg.Connection, accounts: PostgresLegacyStore, pg_dsn: str, pg_schema: str
+) -> None:
+    # Inside an open transaction the block is a savepoint, where SET LOCAL would last
+    # until the outer commit: a write after the block would pass with the block's token.
+    await install(admin, pg_schema)
+    await accounts.put("accounts/a", "a", 5, json.dumps({"v": 1}).encode())
+    update = f"UPDATE \"{pg_schema}\".accounts SET v = v + 1 WHERE id = 'a'"
+
+    async def block_then_write() -> None:
+        async with admin.transaction():
+            async with fenced_transaction(admin, 5):
+                await admin.execute(update)
+            await admin.execute(update)  # no token any more
+
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await block_then_write()
+    assert refused.value.sqlstate == "FG428"
+    async with admin.transaction():  # an outer token is what the block puts back
+        async with fenced_transaction(admin, 6, lock="accounts/a"):
+            await admin.execute(update)
+        async with fenced_transaction(admin, 7):
+            async with fenced_transaction(admin, 8):
+                await admin.execute(update)
+            with pytest.raises(asyncpg.PostgresError) as stale:
+                async with admin.transaction():  # the outer 7 again, below the mark of 8
+                    await admin.execute(update)
+            assert stale.value.sqlstate == "FG409"
+    assert await v_of(admin, pg_schema, "a") == 3
+    assert await mark(admin, pg_schema, "accounts/a") == 8
+
+    def direct() -> str | None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            try:
+                with conn.transaction():
+                    with fenced_transaction_sync(conn, 8):
+                        conn.execute(update)
+                    conn.execute(update)
+            except psycopg.Error as exc:
+                return exc.sqlstate
+            return None
+
+    assert await asyncio.to_thread(direct) == "FG428"
+    assert await v_of(admin, pg_schema, "a") == 3
