@@ -17,10 +17,11 @@ answer to the earlier of ``invoke + valid_ms`` and the invocation of their relea
 the gateway's deadline lies after that; every process reads the same monotonic
 clock) are reported with the faults active then. An overlap is also a
 ``mutual_exclusion`` violation unless a fault that breaks Redlock's timing
-assumption was active while either lease was being taken or held
-(``CLOCK_FAULTS``: a Redis node's clock jumping forward expires a lease early on
-that node, Kleppmann's third scenario, and the second grant may come after the
-jump's window closed; there only the fencing checks above must hold).
+assumption was active between the first of the two acquires' invocation and the
+later grant's answer (``CLOCK_FAULTS``: a Redis node's clock jumping forward
+expires a lease early on that node, Kleppmann's third scenario, and the second
+grant may come after the jump's window closed; a jump after both grants were
+answered made neither; there only the fencing checks above must hold).
 ``availability``: operations by result while each fault kind was active
 (``none``: while no fault was), and the same for the direct writers' ops alone.
 ``direct_writes``: what became of the direct writers' UPDATEs (``direct.py``),
@@ -32,7 +33,7 @@ exclusive (shared leases hold together, I1); ``duplicate_token`` likewise
 (overlapping shared or semaphore grants may share a token, R23, R24);
 ``token_order`` is I2 for every kind (a grant completed before another's acquire
 began has the smaller token; a repeat of an idempotent acquire that names the same
-lease is no new grant). Two more checks:
+lease is no new grant, when it names the same token). Two more checks:
 
 * ``semaphore_overcount``: more semaphore leases of a name surely held at one
   instant than their ``permits`` (I5, R32); excused like an overlap by a clock
@@ -40,10 +41,14 @@ lease is no new grant). Two more checks:
 * ``idempotency``: two successful acquires with one ``Idempotency-Key``, the second
   asked after the first was answered and answered while the first's lease was
   surely held, that name different leases or tokens (R26: one lease per key).
-  R26 is best effort when the commit of the tag reached fewer than a quorum, so a
-  fault that can cost commit acks or forget a tag (``COMMIT_FAULTS``) during the
-  first acquire, or a node losing its data before the second was answered,
-  excuses it: those are counted in ``idempotency_excused``.
+  An acquire whose tag commit reached fewer than a quorum fails (503), so no fault
+  during the first acquire excuses a split. The tag lives with the lease's entry on
+  each node, so a node that forgets the entry between the first acquire and the
+  second's answer (``FORGETTING_FAULTS``) can leave fewer than a quorum naming the
+  lease: a restart empty or from an old snapshot (the node is quarantined, R19,
+  so only a repeat that may join a held lock, shared or semaphore, gets a second
+  lease), or a clock jump that expires it early (I1 is void then: any kind).
+  Those are counted in ``idempotency_excused``.
 
 A lease's sure interval: from its grant's answer to the earlier of its release's
 invocation and ``invoke + valid_ms``, stretched by each successful renew invoked
@@ -61,6 +66,7 @@ from tests.campaign.history import Event, FaultWindow, Op, pair_ops
 
 __all__ = [
     "CLOCK_FAULTS",
+    "FORGETTING_FAULTS",
     "Overlap",
     "Report",
     "Violation",
@@ -78,13 +84,13 @@ __all__ = [
 ]
 
 CLOCK_FAULTS = frozenset({"clock_jump_node", "kleppmann"})
-# Faults under which a tag's commit may reach fewer than a quorum (R26), and those
-# after which a node forgot what it held.
-COMMIT_FAULTS = CLOCK_FAULTS | {
-    "pause_node", "kill_node", "rollback_node", "partition", "delay", "cut",
-    "drop_replies", "drop_commands", "pause_gateway",
-}  # fmt: skip
-FORGETTING_FAULTS = frozenset({"kill_node", "rollback_node"})
+# Faults after which a node no longer holds a lease's entry, and so its idempotency
+# tag (R26): a restart that lost data (the node is quarantined, R19: it grants
+# nothing, but a repeat that finds no quorum naming the lease may join a shared or
+# semaphore lock held on the other nodes), and a clock jump (expires the entry
+# early; the node is free again, so even an exclusive repeat may be granted).
+RESTART_FAULTS = frozenset({"kill_node", "rollback_node"})
+FORGETTING_FAULTS = RESTART_FAULTS | CLOCK_FAULTS
 ESTABLISHING_READS = (200, 404)  # a fenced read that answered raised the mark to its token
 
 
@@ -103,7 +109,7 @@ class Overlap:
     second: Op
     seconds: float
     faults: tuple[str, ...]  # active during the overlap
-    lifetime_faults: tuple[str, ...]  # active from the first of the two acquires on
+    lifetime_faults: tuple[str, ...]  # from the first of the two acquires to the later grant
 
 
 @dataclass
@@ -234,7 +240,10 @@ def token_order(ops: Sequence[Op]) -> list[Violation]:
         first: dict[str | None, Op] = {}
         for g in sorted(ok, key=lambda o: o.start):
             first.setdefault(g.lease_id, g)
-        new = [g for g in ok if g.lease_id is None or first[g.lease_id] is g]
+        # A repeat answers the lease's decided token (R26): one with another token
+        # is a grant of its own.
+        new = [g for g in ok if g.lease_id is None or first[g.lease_id].token != g.token
+               or first[g.lease_id] is g]  # fmt: skip
         found += _precedence(ok, new, "token_order", scope, "grant", strict=True)
     return found
 
@@ -327,8 +336,10 @@ def overlaps(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Over
                     continue
                 both = (other_start, min(end, other_end))
                 # A clock jump expires the leases alive then; the second grant can come
-                # after the jump's window closed: count the faults of both leases' lives.
-                lives = (min(first.start, second.start), both[1])
+                # after the jump's window closed: count the faults from the first of the
+                # two acquires to the later grant's answer (after it, a jump makes no
+                # grant that was already decided overlap).
+                lives = (min(first.start, second.start), other_start)
                 found.append(
                     Overlap(
                         scope,
@@ -400,9 +411,8 @@ def idempotency(
                     continue
                 if (second.lease_id, second.token) == (first.lease_id, first.token):
                     continue
-                if COMMIT_FAULTS & set(_active(faults, first.start, first.end or span[0])) or (
-                    FORGETTING_FAULTS & set(_active(faults, first.start, second.end))
-                ):
+                forgot = FORGETTING_FAULTS & set(_active(faults, first.start, second.end))
+                if forgot and (first.mode != "exclusive" or forgot & CLOCK_FAULTS):
                     excused += 1
                     continue
                 found.append(
