@@ -21,7 +21,10 @@ assumption was active between the first of the two acquires' invocation and the
 later grant's answer (``CLOCK_FAULTS``: a Redis node's clock jumping forward
 expires a lease early on that node, Kleppmann's third scenario, and the second
 grant may come after the jump's window closed; a jump after both grants were
-answered made neither; there only the fencing checks above must hold).
+answered made neither; there only the fencing checks above must hold). A fault
+counts where it strikes a node (``_strike``): ``clock_jump_node`` and
+``kill_node`` at their window's start, ``rollback_node`` at its end,
+``kleppmann``'s repeated jumps all along its window.
 ``availability``: operations by result while each fault kind was active
 (``none``: while no fault was), and the same for the direct writers' ops alone.
 ``direct_writes``: what became of the direct writers' UPDATEs (``direct.py``),
@@ -109,7 +112,7 @@ class Overlap:
     second: Op
     seconds: float
     faults: tuple[str, ...]  # active during the overlap
-    lifetime_faults: tuple[str, ...]  # from the first of the two acquires to the later grant
+    lifetime_faults: tuple[str, ...]  # struck from the first of the two acquires to the later grant
 
 
 @dataclass
@@ -302,6 +305,29 @@ def _active(faults: Sequence[FaultWindow], start: float, end: float) -> tuple[st
     return tuple(sorted({f.kind for f in faults if f.start < end and start < f.end}))
 
 
+# How long after a window's start a node is killed or its clock jumps (the nemesis does
+# it first: ``kill_node``, ``clock_jump_node``), and before its end a rollback's node is
+# killed and restarted from the old snapshot (``rollback_node``), in seconds.
+STRIKE_S = 1.0
+ROLLBACK_S = 3.0
+
+
+def _strike(fault: FaultWindow) -> tuple[float, float]:
+    """When a fault takes entries from a node: a kill and a clock jump at the window's
+    start (the rest of the window is the node down, or nothing), a rollback at its end,
+    ``kleppmann``'s jumps all along it; any other fault acts all along its window."""
+    if fault.kind in ("kill_node", "clock_jump_node"):
+        return fault.start, min(fault.end, fault.start + STRIKE_S)
+    if fault.kind == "rollback_node":
+        return max(fault.start, fault.end - ROLLBACK_S), fault.end
+    return fault.start, fault.end
+
+
+def _struck(faults: Sequence[FaultWindow], start: float, end: float) -> tuple[str, ...]:
+    """The kinds of the faults that struck a node between ``start`` and ``end``."""
+    return tuple(sorted({f.kind for f in faults if _strike(f)[0] < end and start < _strike(f)[1]}))
+
+
 def _sure_spans(ops: Sequence[Op], scope_grants: Iterable[Op]) -> list[tuple[float, float, Op]]:
     """Each lease's sure interval (over every answer that named it: repeats of one key)."""
     releases, renews = _lease_ends(ops)
@@ -347,7 +373,7 @@ def overlaps(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Over
                         second,
                         both[1] - both[0],
                         _active(faults, *both),
-                        _active(faults, *lives),
+                        _struck(faults, *lives),
                     )
                 )
     return found
@@ -371,7 +397,7 @@ def semaphore_overcount(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -
                 continue
             over_until = min(s[1] for s in held.values())
             lives = (min(s[2].start for s in held.values()), start)
-            if CLOCK_FAULTS & set(_active(faults, *lives)):
+            if CLOCK_FAULTS & set(_struck(faults, *lives)):
                 continue
             tokens = sorted(s[2].token or 0 for s in held.values())
             found.append(
@@ -380,7 +406,7 @@ def semaphore_overcount(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -
                     scope,
                     f"{len(held)} leases of {permits} permits surely held at once (tokens "
                     f"{tokens}), no clock fault in their lifetime "
-                    f"(active then: {list(_active(faults, *lives))})",
+                    f"(struck then: {list(_struck(faults, *lives))})",
                     tuple(s[2] for s in held.values()),
                 )
             )
@@ -411,7 +437,7 @@ def idempotency(
                     continue
                 if (second.lease_id, second.token) == (first.lease_id, first.token):
                     continue
-                forgot = FORGETTING_FAULTS & set(_active(faults, first.start, second.end))
+                forgot = FORGETTING_FAULTS & set(_struck(faults, first.start, second.end))
                 if forgot and (first.mode != "exclusive" or forgot & CLOCK_FAULTS):
                     excused += 1
                     continue
@@ -507,7 +533,7 @@ def check(events: Iterable[Event], faults: Sequence[FaultWindow] = ()) -> Report
             o.scope,
             f"two leases ({o.first.mode}, {o.second.mode}) held it for {o.seconds:.3f} s "
             f"(tokens {o.first.token} and {o.second.token}) with no clock fault in their lifetime "
-            f"(active then: {list(o.lifetime_faults)})",
+            f"(struck then: {list(o.lifetime_faults)})",
             (o.first, o.second),
         )
         for o in report.overlaps
