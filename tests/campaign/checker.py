@@ -305,17 +305,21 @@ def _active(faults: Sequence[FaultWindow], start: float, end: float) -> tuple[st
     return tuple(sorted({f.kind for f in faults if f.start < end and start < f.end}))
 
 
-# How long after a window's start a node is killed or its clock jumps (the nemesis does
-# it first: ``kill_node``, ``clock_jump_node``), and before its end a rollback's node is
-# killed and restarted from the old snapshot (``rollback_node``), in seconds.
-STRIKE_S = 1.0
+# For a history whose windows do not say when the fault struck: how long after a
+# window's start a node is killed or its clock jumps (the nemesis does it first:
+# ``kill_node``, ``clock_jump_node``), and before its end a rollback's node is killed
+# and restarted from the old snapshot (``rollback_node``), in seconds.
+STRIKE_S = 2.0
 ROLLBACK_S = 3.0
 
 
 def _strike(fault: FaultWindow) -> tuple[float, float]:
     """When a fault takes entries from a node: a kill and a clock jump at the window's
-    start (the rest of the window is the node down, or nothing), a rollback at its end,
-    ``kleppmann``'s jumps all along it; any other fault acts all along its window."""
+    start (the rest of the window is the node down, or nothing), a rollback at its end
+    (the nemesis notes each act: ``struck_from`` .. ``struck_until``), ``kleppmann``'s
+    jumps all along it; any other fault acts all along its window."""
+    if fault.struck_from is not None and fault.struck_until is not None:
+        return fault.struck_from, fault.struck_until
     if fault.kind in ("kill_node", "clock_jump_node"):
         return fault.start, min(fault.end, fault.start + STRIKE_S)
     if fault.kind == "rollback_node":

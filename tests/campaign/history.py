@@ -66,6 +66,10 @@ class FaultWindow:
     start: float
     end: float
     detail: str = ""
+    # When the fault took entries from a node, for the faults that do it at one moment
+    # (a kill, a clock jump, a rollback): just before and just after the act.
+    struck_from: float | None = None
+    struck_until: float | None = None
 
 
 def pair_ops(events: Iterable[Event]) -> list[Op]:

@@ -102,6 +102,13 @@ class Nemesis:
     rng: random.Random
     windows: list[FaultWindow] = field(default_factory=list)
     injected: Counter[str] = field(default_factory=Counter)
+    struck: tuple[float, float] | None = None  # the current fault's act on a node
+
+    async def _strike(self, act: Callable[[], object]) -> None:
+        """Run ``act`` (it takes entries from a node) in a thread and note when."""
+        before = time.monotonic()
+        await asyncio.to_thread(act)
+        self.struck = (before, time.monotonic())
 
     async def run(self, schedule: Sequence[Planned], deadline: float) -> None:
         """Inject the planned faults in order, each healed before the next, until ``deadline``
@@ -111,8 +118,12 @@ class Nemesis:
                 if not item.mandatory and time.monotonic() + item.seconds > deadline:
                     break
                 start = time.monotonic()
+                self.struck = None
                 detail = await self._inject(item)
-                self.windows.append(FaultWindow(item.kind, start, time.monotonic(), detail))
+                struck = self.struck or (None, None)
+                self.windows.append(
+                    FaultWindow(item.kind, start, time.monotonic(), detail, *struck)
+                )
                 self.injected[item.kind] += 1
                 await asyncio.sleep(item.gap)
         finally:
@@ -161,7 +172,7 @@ class Nemesis:
     async def kill_node(self, seconds: float) -> str:
         i = self._node()
         node = self.cluster.nodes[i]
-        node.kill()
+        await self._strike(node.kill)
         await asyncio.sleep(seconds / 2)
         await asyncio.to_thread(node.restart_empty)
         await asyncio.sleep(seconds / 2)
@@ -172,7 +183,7 @@ class Nemesis:
         node = self.cluster.nodes[i]
         await asyncio.to_thread(node.snapshot)
         await asyncio.sleep(seconds)  # the node moves on past its snapshot
-        await asyncio.to_thread(node.rollback)
+        await self._strike(node.rollback)
         return f"node {i}"
 
     async def _links(
@@ -270,9 +281,13 @@ class Nemesis:
     async def clock_jump_node(self, seconds: float) -> str:
         i = self._node()
         node = self.cluster.nodes[i]
-        reply = await asyncio.to_thread(node.command, "EVAL", EXPIRE_SOON, "0", str(JUMP_MS))
+        replies: list[bytes] = []
+        await self._strike(
+            lambda: replies.append(node.command("EVAL", EXPIRE_SOON, "0", str(JUMP_MS)))
+        )
         await asyncio.sleep(seconds)
-        return f"node {i} +{JUMP_MS} ms: {reply.strip().decode(errors='replace')} keys expired"
+        reply = replies[0].strip().decode(errors="replace")
+        return f"node {i} +{JUMP_MS} ms: {reply} keys expired"
 
     async def kleppmann(self, seconds: float) -> str:
         g = self._gateway()

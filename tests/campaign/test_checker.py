@@ -406,16 +406,28 @@ def test_a_fault_counts_where_it_strikes_a_node_not_all_along_its_window() -> No
     h = History()
     h.op("c0", "acquire", 1.0, 1.1, token=1, lease_id="a", valid_ms=3000)  # held 1.1 .. 4.0
     h.op("c1", "acquire", 1.5, 2.0, token=2, lease_id="b", valid_ms=3000)  # held 2.0 .. 4.5
-    # A jump 1.5 s before either acquire expired keys of neither lease.
-    report = check(h.events, [FaultWindow("clock_jump_node", -0.5, 3.0)])
+    # A jump 3.5 s before either acquire expired keys of neither lease.
+    report = check(h.events, [FaultWindow("clock_jump_node", -2.5, 3.0)])
     assert [v.kind for v in report.violations] == ["mutual_exclusion"]
     assert check(h.events, [FaultWindow("clock_jump_node", 1.2, 3.0)]).ok
     assert check(h.events, [FaultWindow("kleppmann", -0.5, 3.0)]).ok  # jumps all along
 
     shared = idem_pair("shared")  # lease a held 0.1 .. 2.0; b asked at 0.2, answered 0.3
     for kind in ("kill_node", "clock_jump_node"):
-        assert not check(shared.events, [FaultWindow(kind, -1.5, 0.5)]).ok  # struck at -1.5
+        assert not check(shared.events, [FaultWindow(kind, -2.5, 0.5)]).ok  # struck at -2.5
         assert check(shared.events, [FaultWindow(kind, 0.05, 4.0)]).ok  # struck at 0.05
     # A rollback takes the node back at its window's end: after b was answered, too late.
     assert not check(shared.events, [FaultWindow("rollback_node", -5.0, 4.0)]).ok
     assert check(shared.events, [FaultWindow("rollback_node", -5.0, 0.25)]).ok
+
+
+def test_a_strike_the_nemesis_noted_counts_instead_of_the_window() -> None:
+    h = History()
+    h.op("c0", "acquire", 1.0, 1.1, token=1, lease_id="a", valid_ms=3000)  # held 1.1 .. 4.0
+    h.op("c1", "acquire", 1.5, 2.0, token=2, lease_id="b", valid_ms=3000)  # held 2.0 .. 4.5
+    # The jump's EVAL ran 0.1 .. 0.2 s into a window that began at 0.0: before either
+    # acquire, though within the slack a window without the note is given.
+    noted = FaultWindow("clock_jump_node", 0.0, 3.0, "", 0.1, 0.2)
+    assert [v.kind for v in check(h.events, [noted]).violations] == ["mutual_exclusion"]
+    assert check(h.events, [FaultWindow("clock_jump_node", 0.0, 3.0)]).ok
+    assert check(h.events, [FaultWindow("clock_jump_node", 0.0, 3.0, "", 1.2, 1.3)]).ok

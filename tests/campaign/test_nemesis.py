@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import random
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tests.campaign.nemesis import KINDS, plan
+from tests._servers import RedisNode
+from tests.campaign.nemesis import KINDS, Nemesis, Planned, plan
 
 
 def test_plan_has_every_kind_first_then_fills_the_time() -> None:
@@ -27,3 +31,26 @@ def test_plan_is_reproducible_from_its_seed() -> None:
 def test_plan_refuses_an_unknown_fault_kind() -> None:
     with pytest.raises(ValueError, match="unknown fault kinds"):
         plan(random.Random(1), ["kill_node", "unplug_datacenter"], 10.0, 1.0)
+
+
+async def test_a_clock_jump_notes_when_it_struck_its_node(tmp_path: Path) -> None:
+    """The window of a clock jump says when the keys expired: the checker counts the jump
+    there, not all along the window (``checker._strike``)."""
+    node = RedisNode(tmp_path / "node")
+    node.start()
+    try:
+        node.command("SET", "lease", "x", "PX", "5000")
+        nemesis = Nemesis(
+            SimpleNamespace(nodes=[node], heal_all=lambda: None), [], random.Random(1)
+        )  # type: ignore[arg-type]
+        before = time.monotonic()
+        await nemesis.run([Planned("clock_jump_node", 0.5, 0.0)], time.monotonic() + 10)
+        (window,) = nemesis.windows
+        assert window.struck_from is not None
+        assert window.struck_until is not None
+        assert before <= window.start <= window.struck_from <= window.struck_until
+        assert window.struck_until + 0.4 < window.end  # the rest of the window is a wait
+        assert "1 keys expired" in window.detail
+        assert node.command("EXISTS", "lease").strip() == b":0"
+    finally:
+        node.stop()
