@@ -57,7 +57,12 @@ async def test_seeded_campaign_with_every_fault_kind_finds_no_violation(tmp_path
     # Every grant has its validity recorded, or no overlap could ever be seen.
     grants = [op for op in result.ops() if op.f == "acquire" and op.result == "ok"]
     assert grants, info
-    assert all(op.valid_ms is not None and op.valid_ms > 0 for op in grants), info
+    assert all(op.valid_ms is not None and op.valid_ms >= 0 for op in grants), info
+    # A grant decided just before its gateway was paused is answered after the pause
+    # with its validity used up (valid_ms 0, as DESIGN's "ttl - elapsed - drift");
+    # nearly all grants have time left, or the overlap check would have nothing to see.
+    alive = [op for op in grants if op.valid_ms]
+    assert len(alive) >= 0.9 * len(grants), info
     # The lock kinds ran too: shared readers, semaphore holders that renewed, and
     # idempotent acquires answered twice with one lease.
     kinds = result.report.kinds
