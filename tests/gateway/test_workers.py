@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,14 @@ class Server:
             assert self.proc.poll() is None, self.text()
             assert time.monotonic() < deadline, "the workers did not start:\n" + self.text()
             await asyncio.sleep(0.05)
+
+    async def ready(self, pids: Iterable[int], within: float = 60.0) -> None:
+        """Wait until the supervisor counts each worker of ``pids`` ready (its mark file)."""
+        deadline = time.monotonic() + within
+        shared = self.shared_dir()
+        while not all((shared / f"ready-{pid}").exists() for pid in pids):
+            assert time.monotonic() < deadline, "the workers did not get ready:\n" + self.text()
+            await asyncio.sleep(0.02)
 
     async def exited(self, within: float = 40.0) -> int:
         assert self.proc is not None
@@ -325,6 +333,9 @@ async def test_workers_that_crash_at_start_in_a_loop_make_the_supervisor_give_up
     try:
         await server.listening(2)  # https, on both
         first = server.workers()
+        # A worker logs "listening" just before it marks itself ready; killed in between,
+        # it would count as failing to start (the supervisor stops at once, no backoff).
+        await server.ready(first.values())
         cert.write_text("not a certificate\n")  # every worker started from now on fails
         os.kill(first[0], signal.SIGKILL)
         started = time.monotonic()
