@@ -104,8 +104,8 @@ def run_sync(url: str) -> None:
     from gateway.sync_client import LeaseLost, SyncFencegateClient
 
     with SyncFencegateClient(url, timeout=10.0) as client:
-        with client.lock("no-server-deps/sync", ttl=0.3) as lease:
-            time.sleep(0.5)  # past the ttl: the renewer kept it
+        with client.lock("no-server-deps/sync", ttl=1.0) as lease:
+            time.sleep(1.3)  # past the ttl: the renewer kept it
             status = client.inspect("no-server-deps/sync")
             assert (status.held, status.token) == (True, lease.token), status
         assert not client.inspect("no-server-deps/sync").held
@@ -150,8 +150,8 @@ def run_async(url: str) -> None:
 
     async def work() -> None:
         async with gateway.FencegateClient(url, timeout=10.0) as client:
-            async with client.lock("no-server-deps/async", ttl=0.3) as lease:
-                await asyncio.sleep(0.5)  # past the ttl: the watchdog kept it
+            async with client.lock("no-server-deps/async", ttl=1.0) as lease:
+                await asyncio.sleep(1.3)  # past the ttl: the watchdog kept it
                 status = await client.inspect("no-server-deps/async")
                 assert (status.held, status.token) == (True, lease.token), status
             assert not (await client.inspect("no-server-deps/async")).held

@@ -89,8 +89,8 @@ async def test_a_shared_lock_cannot_join_semaphore_holders_and_contexts_release(
 ) -> None:
     url, _ = served
     async with FencegateClient(url) as client:
-        async with client.semaphore("c/ctx", 2, ttl=0.3) as one:
-            await asyncio.sleep(0.5)  # past the ttl: renewed meanwhile
+        async with client.semaphore("c/ctx", 2, ttl=1.0) as one:
+            await asyncio.sleep(1.3)  # past the ttl: renewed meanwhile
             assert (await client.inspect("c/ctx")).holders == 1
             with pytest.raises(LockHeld):
                 await client.acquire("c/ctx", ttl=1.0, mode="shared")
@@ -108,7 +108,7 @@ async def test_sync_client_has_the_same_lock_kinds(served: tuple[str, CollectorR
 
     def work() -> None:
         with SyncFencegateClient(url, timeout=10.0) as client:
-            with client.lock("s/shared", ttl=0.3, mode="shared") as first:
+            with client.lock("s/shared", ttl=1.0, mode="shared") as first:
                 time_left = client.inspect("s/shared")
                 assert (time_left.mode, time_left.holders) == ("shared", 1)
                 second = client.acquire("s/shared", ttl=5.0, mode="shared")
