@@ -47,6 +47,12 @@ async def test_a_hung_storage_answers_503_request_timeout(
         assert (await response.json())["error"] == "request_timeout"
     finally:
         pg_proxy.resume()
+    # The store answers again (GET /readyz pings it through its pool): the write below
+    # is not timed against a loaded machine's reconnect to PostgreSQL.
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while (await client.get("/readyz")).status != 200:
+        assert asyncio.get_running_loop().time() < deadline, "the store did not answer again"
+        await asyncio.sleep(0.05)
     response = await client.put(
         "/v1/stores/kv/k", data=b"w", headers={"X-Fencing-Token": str(token)}
     )
