@@ -276,41 +276,62 @@ async def test_bad_kinds_are_refused(make_manager: MakeManager) -> None:
 async def test_a_stream_of_shared_requests_does_not_starve_a_queued_exclusive(
     make_manager: MakeManager,
 ) -> None:
-    """Readers keep arriving, each holding 100 ms, so that the lock is never free of
-    readers; a writer that queues is still served after the readers that held it when
-    it arrived, not when the stream ends (R25)."""
-    a, b = await two(make_manager)
-    loop = asyncio.get_running_loop()
-    stream_ends = loop.time() + 2.0
-    readers_done = 0
+    """Readers keep arriving, one every 20 ms, each holding 100 ms and until two later
+    readers have asked, so that without R25 the lock is never free of readers; a writer
+    that queues is still served after the readers that held it when it arrived, not
+    when the stream ends (R25).
 
-    async def reader(mgr: LockManager) -> None:
-        nonlocal readers_done
-        lease = await mgr.acquire("k/stream", ttl=5.0, wait=5.0, mode="shared")
+    Counted in readers, not seconds: on a loaded machine the sleeps stretch, but a
+    reader still releases only once the next ones have asked."""
+    a, b = await two(make_manager)
+    cap = 150  # the stream's end: 3 s of readers on an idle machine
+    asked = [asyncio.Event() for _ in range(cap + 2)]
+    granted = 0
+    readers_done = 0
+    writer_done = asyncio.Event()
+    overlapping = asyncio.Event()  # three readers granted: the lock is held by them
+
+    async def reader(i: int, mgr: LockManager) -> None:
+        nonlocal granted, readers_done
+        lease = await mgr.acquire("k/stream", ttl=10.0, wait=30.0, mode="shared")
+        granted += 1
+        if granted >= 3:
+            overlapping.set()
         await asyncio.sleep(0.1)
+        await asked[i + 2].wait()  # the stream goes on past this reader's release
         await mgr.release(lease)
         readers_done += 1
 
-    async def stream() -> None:
+    async def stream() -> int:
+        """Spawn readers until the writer is served and 5 more asked, or ``cap``."""
         tasks = []
-        i = 0
-        while loop.time() < stream_ends:
-            tasks.append(asyncio.create_task(reader((a, b)[i % 2])))
-            i += 1
+        after = 0
+        while len(tasks) < cap and after < 5:
+            i = len(tasks)
+            asked[i].set()
+            tasks.append(asyncio.create_task(reader(i, (a, b)[i % 2])))
+            after += writer_done.is_set()
             await asyncio.sleep(0.02)
+        spawned = len(tasks)
+        for event in asked:  # the last readers release
+            event.set()
         await asyncio.gather(*tasks)
+        return spawned
 
     flow = asyncio.create_task(stream())
-    await asyncio.sleep(0.3)  # readers overlap: the lock is never free of them
-    asked = loop.time()
-    writer = await b.acquire("k/stream", ttl=5.0, wait=5.0)
-    waited = loop.time() - asked
+    async with asyncio.timeout(30):
+        await overlapping.wait()
+    asked_at = sum(e.is_set() for e in asked)
+    writer = await b.acquire("k/stream", ttl=10.0, wait=30.0)
+    served_at = sum(e.is_set() for e in asked)
+    writer_done.set()
     await b.release(writer)
-    assert loop.time() < stream_ends, "the writer was served only when the stream ended"
-    assert waited < 1.0, waited
-    async with asyncio.timeout(10):
-        await flow
-    assert readers_done > 50
+    async with asyncio.timeout(60):
+        spawned = await flow
+    assert served_at < cap, "the writer was served only when the stream ended"
+    # the old bound of 1 s in readers' arrivals: those holding it, and a few racing it
+    assert served_at - asked_at < 50, (asked_at, served_at)
+    assert readers_done == spawned
 
 
 async def test_two_queued_shared_acquires_with_one_key_end_with_one_lease(
