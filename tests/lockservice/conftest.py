@@ -10,6 +10,7 @@ from lockservice import LockManager
 from tests._servers import RedisNode
 
 MakeManager = Callable[[], Awaitable[LockManager]]
+NODE_TIMEOUT = 1.0
 
 
 @pytest.fixture(params=["memory", "redis1", "redis3"])
@@ -37,7 +38,11 @@ async def make_manager(
             node.flushall()
 
         async def make() -> LockManager:
-            mgr = await LockManager.connect([n.url for n in nodes], max_ttl=30.0)
+            # No test here is about a slow node; on a loaded machine one may answer
+            # after the default 0.2 s, and a semaphore's try needs every node (R32).
+            mgr = await LockManager.connect(
+                [n.url for n in nodes], max_ttl=30.0, node_timeout=NODE_TIMEOUT
+            )
             managers.append(mgr)
             return mgr
 
