@@ -41,11 +41,15 @@ pytestmark = pytest.mark.faults
 
 
 @contextlib.asynccontextmanager
-async def unread(url: str, path: str, body: dict[str, Any], key: str) -> AsyncIterator[None]:
+async def unread(
+    url: str, path: str, body: dict[str, Any], key: str
+) -> AsyncIterator[asyncio.StreamReader]:
     """The whole request on a raw socket; on exit the socket closes with the answer unread.
 
     (Closed before the gateway read the body, the request would not be served at
     all: aiohttp fails the body read. The lost response is the case that matters.)
+    The caller may wait on the reader for the answer's first byte: then the gateway
+    has decided the grant (no later round raises its token) and sent it.
     """
     parts = urlsplit(url)
     data = json.dumps(body).encode()
@@ -53,11 +57,11 @@ async def unread(url: str, path: str, body: dict[str, Any], key: str) -> AsyncIt
         f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\nIdempotency-Key: {key}\r\n\r\n"
     ).encode()
-    _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     try:
         writer.write(head + data)
         await writer.drain()
-        yield
+        yield reader
     finally:
         writer.transport.abort()  # a reset, and the response is never read
 
@@ -112,7 +116,11 @@ async def test_a_retry_after_a_dropped_response_gets_the_same_lease(
     name = "jobs/lost-answer"
     key = "cron-2026-11-24T01:00:lost"
     async with http_session() as session:
-        async with unread(first, path, body, key):
+        async with unread(first, path, body, key) as answer:
+            # Read while the grant is decided, the state could show a token that round 2
+            # (R4) raises afterwards: wait until the answer is on its way, then lose it.
+            async with asyncio.timeout(10):
+                assert await answer.read(1) == b"H"  # "HTTP/1.1 200 OK", not read further
             state = await held_state(session, last, name)
         assert state["held"], "the dropped acquire was never granted"
         assert state["holders"] == 1
