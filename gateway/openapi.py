@@ -119,7 +119,8 @@ _STORE_FAIL: Final = {
         'fencing = "lease", not the holder\'s)',
         "stale_token",
     ),
-    "503": _error("the storage or the lock quorum is unreachable", "storage_unavailable",
+    "503": _error("the storage or the lock quorum is unreachable, or the store's table no "
+                  "longer matches its configuration", "storage_unavailable", "storage_config",
                   "quorum_unavailable", "shutting_down"),
 }  # fmt: skip
 
