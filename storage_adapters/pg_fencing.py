@@ -301,7 +301,7 @@ async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") ->
     The table's rows and the high-water marks are left as they are.
 
     Returns:
-        Whether ``table`` had the trigger (False: nothing to remove there).
+        Whether ``table`` had either trigger (False: nothing to remove there).
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _DDL_LOCK_KEY)
@@ -309,7 +309,8 @@ async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") ->
             await conn.fetchval(
                 "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = $1 AND c.relname = $2 AND t.tgname = 'fencegate_fence'",
+                " WHERE n.nspname = $1 AND c.relname = $2"
+                " AND t.tgname IN ('fencegate_fence', 'fencegate_fence_truncate')",
                 schema,
                 table,
             )
@@ -317,7 +318,6 @@ async def uninstall_fencing(conn: Any, *, table: str, schema: str = "public") ->
         target = f"{quote_ident(schema)}.{quote_ident(table)}"
         if had:
             await conn.execute(f"DROP TRIGGER IF EXISTS fencegate_fence ON {target}")
-        if await conn.fetchval("SELECT to_regclass($1)", target):
             await conn.execute(f"DROP TRIGGER IF EXISTS fencegate_fence_truncate ON {target}")
         users = await conn.fetchval(
             "SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
