@@ -431,3 +431,59 @@ def test_a_strike_the_nemesis_noted_counts_instead_of_the_window() -> None:
     assert [v.kind for v in check(h.events, [noted]).violations] == ["mutual_exclusion"]
     assert check(h.events, [FaultWindow("clock_jump_node", 0.0, 3.0)]).ok
     assert check(h.events, [FaultWindow("clock_jump_node", 0.0, 3.0, "", 1.2, 1.3)]).ok
+
+
+def seed34_duplicate() -> History:
+    """Campaign seed 34's duplicate (mono seconds from the kept run): c3 waits through
+    gateway 1 from 6593.415 and is answered at 6595.139 with i1's token, i1 having been
+    granted through gateway 0 (6594.174-6594.950) and released (6595.030-6595.034)."""
+    h = History()
+    h.op("c4", "acquire", 6593.335, 6593.337, key="files/k1", token=1795505361032130,
+         lease_id="0f94", valid_ms=1482, mode="exclusive")  # fmt: skip
+    h.op("c3", "acquire", 6593.415, 6595.139, key="files/k1", token=1795505361032132,
+         lease_id="fd337b55", valid_ms=570, mode="exclusive")  # fmt: skip
+    h.op("i1", "acquire", 6594.174, 6594.950, key="files/k1", token=1795505361032132,
+         lease_id="efc16859", valid_ms=1394, mode="exclusive", idem_key="i1-249")  # fmt: skip
+    h.op("i1", "release", 6595.030, 6595.034, key="files/k1", lease_id="efc16859", status=204)
+    return h
+
+
+def test_a_duplicate_exclusive_token_is_excused_by_a_clock_fault_that_struck_meanwhile() -> None:
+    h = seed34_duplicate()
+    # Node 0's clock jumping over the two acquires (kleppmann jumps all along its window).
+    report = check(h.events, [FaultWindow("kleppmann", 6594.344, 6596.384)])
+    assert report.ok, report.violations
+    # A single jump that struck between the first acquire and the later answer.
+    assert check(h.events, [FaultWindow("clock_jump_node", 6594.5, 6595.0)]).ok
+
+
+def test_a_duplicate_exclusive_token_without_a_clock_fault_meanwhile_is_flagged() -> None:
+    h = seed34_duplicate()
+    for faults in (
+        [],
+        # The same history's other faults: a rollback (struck at 6590.23) and a skew of
+        # gateway 0 are no clock fault of a Redis node.
+        [
+            FaultWindow(
+                "rollback_node", 6587.474, 6590.254, struck_from=6590.228, struck_until=6590.254
+            ),
+            FaultWindow("skew_gateway", 6590.839, 6593.728),
+        ],
+        # A clock jump that struck before the first acquire, or after the later answer.
+        [FaultWindow("clock_jump_node", 6591.0, 6593.0, struck_from=6591.0, struck_until=6591.001)],
+        [FaultWindow("clock_jump_node", 6595.2, 6596.0, struck_from=6595.2, struck_until=6595.201)],
+    ):
+        violations = check(h.events, faults).violations
+        assert [v.kind for v in violations] == ["duplicate_token"], faults
+        assert violations[0].detail == "token 1795505361032132 granted to 2 leases"
+
+
+def test_a_clock_fault_excuses_no_grant_out_of_token_order() -> None:
+    # An acquire asked after a grant completed meets its token on a quorum: a jump
+    # expires entries, not counters (R2), so no clock fault excuses a smaller or equal
+    # token there.
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.5, token=9, lease_id="a", valid_ms=100, mode="exclusive")
+    h.op("c1", "acquire", 1.0, 1.5, token=9, lease_id="b", valid_ms=100, mode="exclusive")
+    report = check(h.events, [FaultWindow("kleppmann", 0.0, 2.0)])
+    assert [v.kind for v in report.violations] == ["token_order"]
