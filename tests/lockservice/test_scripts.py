@@ -625,3 +625,45 @@ def test_a_grant_issued_anew_carries_no_tag(r: redis.Redis) -> None:
     assert take(r, ID_A, "exclusive", tag=tag, ticket="1") == [BASE + 2, 0]
     assert run(r, scripts.FIND, KEYS, [tag, RUN_ID]) == [0]
     assert take(r, ID_B, "exclusive", tag=tag)[0] == 0  # type: ignore[index]  # held, no -4
+
+
+def test_a_clock_jump_where_two_quorums_meet_lets_two_exclusive_leases_share_a_token(
+    redis1: list[RedisNode],
+) -> None:
+    """Campaign seed 34 (``files/k1``), step by step on three keyspaces of one
+    redis-server (a node each): c3 through the gateway cut from node 1, i1 through
+    the other. Only node 0's clock jumps. R3/R4 keep the two leases' tokens apart
+    while node 0 keeps c3's grant for its ttl; once a jump expires it early, i1 is
+    granted node 0 with the next token and c3's round 2 later counts node 0 as free
+    at that same token (I1's clock assumption void; the checker excuses it)."""
+    id_c3, id_i0, id_i1 = "c" * 32, "0" * 32, "1" * 32
+    nodes = [redis.Redis(host="127.0.0.1", port=redis1[0].port, db=n) for n in range(3)]
+    try:
+        for node in nodes:
+            node.set(SYNCED, f"{BASE} {RUN_ID}")
+            node.set(FENCE, BASE + 130)
+        n0, n1, n2 = nodes
+        assert acquire(n0, id_c3, ttl=1_500, proc="p3")[0] == BASE + 131  # type: ignore[index]
+        assert acquire(n1, id_i0)[0] == BASE + 131  # type: ignore[index]  # i0: {1, 2}
+        assert acquire(n2, id_i0)[0] == BASE + 131  # type: ignore[index]
+        # While node 0 keeps c3's grant, i1 cannot have it: no quorum for i1.
+        assert acquire(n0, id_i1)[0] == 0  # type: ignore[index]
+        # Node 0's clock jumps: c3's grant there expires early (c3's gateway counts it).
+        n0.pexpire(LOCK, 1)
+        time.sleep(0.05)
+        assert n0.get(LOCK) is None
+        assert acquire(n0, id_i1)[0] == BASE + 132  # type: ignore[index]
+        release(n1, id_i0)
+        release(n2, id_i0)
+        assert acquire(n1, id_i1)[0] == BASE + 132  # type: ignore[index]  # i1: {0, 1} at 132
+        assert acquire(n2, id_c3, proc="p3")[0] == BASE + 132  # type: ignore[index]
+        # c3 holds {0: 131, 2: 132} by its gateway's clock: round 2 raises to 132 (R4).
+        assert run(n2, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 132, id_c3]) == BASE + 132
+        assert run(n0, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 132, id_c3]) == 0  # i1 holds it
+        release(n0, id_i1)  # i1 releases (or node 0 jumps again)
+        # node 0 is free now: it counts, so c3 too has a quorum ({0, 2}) at 132
+        assert run(n0, scripts.RAISE_FENCE, RAISE_KEYS, [BASE + 132, id_c3]) == BASE + 132
+    finally:
+        for node in nodes:
+            node.flushdb()
+            node.close()
