@@ -25,8 +25,11 @@ Lock kinds share one namespace and one counter per name: a name is held by one
   valid lease then holds a place on every node, and one node's cap bounds them.
 - **I2** a grant's token is greater than the token of every grant completed
   before its acquire began (for exclusive leases that is every earlier grant,
-  since they never overlap); grants whose acquires overlap are not ordered
-  (two shared or semaphore leases granted together may share a token).
+  since they never overlap - which rests on I1's clock bound: a Redis clock
+  jump that expires a counted grant early can let two exclusive leases whose
+  acquires overlap share a token, as it can let them overlap); grants whose
+  acquires overlap are not ordered (two shared or semaphore leases granted
+  together may share a token).
 - **I6** a shared grant's token is at most the newest token issued for the
   name, and below the token of every grant completed after its acquire began.
 
