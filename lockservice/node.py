@@ -244,9 +244,11 @@ class Node:
                 server, memory = await asyncio.gather(
                     conn.send("INFO", "server"), conn.send("INFO", "memory")
                 )
-        except (ConnectionError, TimeoutError) as exc:
+        except BaseException as exc:  # cancelled too (close() during a reconnect): no leak
             if conn is not None:
                 conn.abort()
+            if not isinstance(exc, ConnectionError | TimeoutError):
+                raise
             self._failed(str(exc) or "no answer to INFO in time")
             return False
         if is_failure(server) or is_failure(memory):
