@@ -10,8 +10,10 @@ from lockservice.node import Inbox, Node, parse_node_url
 
 async def test_a_connect_cancelled_while_waiting_for_info_closes_its_socket() -> None:
     accepted: asyncio.Queue[asyncio.StreamReader] = asyncio.Queue()
+    writers: list[asyncio.StreamWriter] = []
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
         await accepted.put(reader)  # a server that takes the connection and never answers
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
@@ -30,5 +32,7 @@ async def test_a_connect_cancelled_while_waiting_for_info_closes_its_socket() ->
             while await reader.read(4096):
                 pass
     finally:
+        for writer in writers:
+            writer.close()
         server.close()
         await server.wait_closed()
