@@ -109,6 +109,10 @@ class FaultProxy:
                 writer.transport.abort()
                 self._writers.discard(writer)
 
+    def loses(self, data: bytes, direction: str) -> bool:
+        """Whether this chunk is lost whatever the mode (a subclass picks chunks)."""
+        return False
+
     async def _pump(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
     ) -> None:
@@ -122,7 +126,7 @@ class FaultProxy:
                     await asyncio.sleep(0.05)  # held, not lost: TCP would retransmit
                 if self.mode == "cut":
                     return
-                if self.mode == f"drop_{direction}":
+                if self.mode == f"drop_{direction}" or self.loses(data, direction):
                     return  # the chunk is lost; the caller closes both sides
                 if self.mode == "delay" and self.delay > 0:
                     await asyncio.sleep(self.delay)
