@@ -141,6 +141,7 @@ async def _locks_ctx(app: web.Application) -> AsyncIterator[None]:
         max_wait=locks.max_wait,
         events=app[METRICS],
         observer=app[HOT],
+        batch_writes=True,  # many clients at once: one write per node per loop turn
     )
     app[LOCKS] = manager
     try:

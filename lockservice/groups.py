@@ -46,6 +46,7 @@ class Groups:
         node_timeout: float,
         max_ttl: float,
         events: LockEvents,
+        batch_writes: bool = False,
     ) -> None:
         if not groups:
             raise ValueError("redlock groups: none given")
@@ -69,6 +70,7 @@ class Groups:
                 max_ttl=max_ttl,
                 events=events,
                 waiters=self.waiters,
+                batch_writes=batch_writes,
             )
             for gid, spec in specs.items()
         }

@@ -124,8 +124,10 @@ class Node:
         timeout: float,
         channels: tuple[str, ...],
         inbox: Inbox,
+        batch_writes: bool = False,
     ) -> None:
         self.address = address
+        self.batch_writes = batch_writes
         self.index = index
         self.label = address.label
         self.timeout = timeout
@@ -199,8 +201,9 @@ class Node:
     ) -> asyncio.Future[Reply]:
         """EVALSHA ``script``; on NOSCRIPT, EVAL its source (which caches it again).
 
-        ``later``: see ``Connection.send``. The nodes of a fan-out share one ``keys``
-        tuple: packed once for all of them (``pack_script``).
+        ``later``: see ``Connection.send``; with ``batch_writes`` every call is
+        ``later``. The nodes of a fan-out share one ``keys`` tuple: packed once for
+        all of them (``pack_script``).
         """
         conn = self._conn
         if conn is None or conn.closed:
@@ -209,7 +212,7 @@ class Node:
         args = args if isinstance(args, tuple) else tuple(args)
         return conn.send_packed(
             pack_script(script.sha, keys, args),
-            later=later,
+            later=later or self.batch_writes,
             noscript=(b"EVAL", script.source, len(keys), *keys, *args),
         )
 

@@ -76,6 +76,7 @@ class Redlock:
         max_ttl: float,
         events: LockEvents,
         waiters: Waiters | None = None,
+        batch_writes: bool = False,
     ) -> None:
         if len(urls) not in (1, 3, 5):
             raise ValueError(f"redis nodes: {len(urls)} given, use 1, 3 or 5 independent nodes")
@@ -91,7 +92,14 @@ class Redlock:
         self._inbox: Inbox = asyncio.Queue()
         channel = (f"{RELEASE_CHANNEL}:{self._process}",)
         self.nodes = [
-            Node(a, i, timeout=node_timeout, channels=channel, inbox=self._inbox)
+            Node(
+                a,
+                i,
+                timeout=node_timeout,
+                channels=channel,
+                inbox=self._inbox,
+                batch_writes=batch_writes,
+            )
             for i, a in enumerate(addresses)
         ]
         self._rounds = Rounds(labels, node_timeout=node_timeout, events=events)

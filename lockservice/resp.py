@@ -160,7 +160,8 @@ class Connection(asyncio.Protocol):
     def _write(self, packed: bytes, later: bool = False) -> None:
         # The first awaited command of a loop turn goes out at once (latency), with
         # whatever was held back for later; the rest of that turn is batched into
-        # one write at its end (throughput).
+        # one write at its end (throughput). ``later`` for every command (a Node
+        # with ``batch_writes``, the gateway's): one write per turn.
         if later or self._burst or self._transport is None:
             if not self._out:
                 self._loop.call_soon(self.flush)

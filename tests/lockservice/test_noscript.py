@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from lockservice import LockManager
 from tests._servers import RedisNode
 
 
-async def test_scripts_run_after_the_script_cache_is_flushed(redis3: list[RedisNode]) -> None:
-    mgr = await LockManager.connect([n.url for n in redis3])
+@pytest.mark.parametrize("batch_writes", [False, True])
+async def test_scripts_run_after_the_script_cache_is_flushed(
+    redis3: list[RedisNode], batch_writes: bool
+) -> None:
+    mgr = await LockManager.connect([n.url for n in redis3], batch_writes=batch_writes)
     try:
         first = await mgr.acquire("ns/a", ttl=10.0)
         await mgr.release(first)
