@@ -16,6 +16,7 @@ checker (``tests/campaign/checker.py``) looks at the merged history.
     .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --shared-writes
     .venv/bin/python -m benchmarks.campaign --seconds 60 --seed 1 --split-nodes
     .venv/bin/python -m benchmarks.campaign --seconds 300 --seed 1 --groups 2
+    .venv/bin/python -m benchmarks.campaign --seconds 480 --seed 34 --trace-name files/k1
 
 A progress line every few seconds; the result is a row of the table in
 ``benchmarks/results/campaign.md`` (built from ``campaign.json``; a rerun of a
@@ -31,7 +32,11 @@ find violations too: ``--shared-writes`` (shared readers write with their shared
 token) and ``--split-nodes`` (each gateway configured with a different single
 Redis node: exclusion, permits and one lease per key all break). ``--groups 2``
 runs the gateways over ``[locks] groups`` of two Redlock groups of three nodes
-(six nodes), the nemesis acting on all of them.
+(six nodes), the nemesis acting on all of them. ``--trace-name files/k1`` logs
+every script call and reply of that lock name on every proxied link, each clock
+jump and each fault into the run's ``trace.jsonl`` (the run's folder is kept;
+``python -m tests.campaign.trace RUN_DIR`` prints it merged with the history;
+``tests/campaign/trace.py``); its row's mode says ``traced``.
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ def mode_of(r: dict[str, Any]) -> str:
 
 
 def run_mode(result: CampaignResult) -> str:
+    """The mode of a run; ``traced`` is added with ``--trace-name`` (the proxies parse every
+    byte then: a row of its own, not a rerun of the untraced one)."""
+    mode = _base_mode(result)
+    return f"{mode}, traced" if result.trace_name else mode
+
+
+def _base_mode(result: CampaignResult) -> str:
     if result.unfenced_direct:
         return "unfenced-direct"
     if result.sabotage:
@@ -229,7 +241,9 @@ def render(rows: list[dict[str, Any]]) -> str:
                 for k, v in r["direct_availability"].items()
             ]
             lines.append("  - of which the direct writers' ops: " + "; ".join(parts))
-    found = [r for r in rows if r["violation_excerpt"] and mode_of(r) not in SABOTAGES]
+    found = [
+        r for r in rows if r["violation_excerpt"] and mode_of(r).split(",")[0] not in SABOTAGES
+    ]
     if found:
         lines += ["", "## Violations found", ""]
         for r in found:
@@ -288,7 +302,7 @@ async def main(args: argparse.Namespace) -> int:
         result = await run_campaign(
             workdir, seed=args.seed, seconds=args.seconds, sabotage=args.sabotage,
             unfenced_direct=args.unfenced_direct, shared_writes=args.shared_writes,
-            split_nodes=args.split_nodes, groups=args.groups,
+            split_nodes=args.split_nodes, groups=args.groups, trace_name=args.trace_name,
             clients=args.clients, progress=lambda line: print(line, flush=True),
         )  # fmt: skip
     except asyncio.CancelledError:
@@ -307,10 +321,12 @@ async def main(args: argparse.Namespace) -> int:
         print(f"  {v.kind} {v.scope}: {v.detail}")
     if report.violations:
         print(f"history kept in {result.history}")
-    elif not args.keep:
+    if args.trace_name:
+        print(f"trace of {args.trace_name} kept: python -m tests.campaign.trace {workdir}")
+    elif not report.violations and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     found = bool(report.violations)
-    return int(found != (run_mode(result) in SABOTAGES))
+    return int(found != (_base_mode(result) in SABOTAGES))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -340,6 +356,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
+    parser.add_argument(
+        "--trace-name",
+        metavar="NAME",
+        help="log every script call and reply of this lock name per node (e.g. files/k1) "
+        "into the run's trace.jsonl (kept; tests/campaign/trace.py)",
+    )
     args = parser.parse_args(argv)
     if not 10 <= args.seconds <= 3600:
         parser.error("--seconds must be between 10 and 3600")

@@ -38,6 +38,7 @@ from tests._pg_server import PgServer, pg_bin_dir
 from tests._servers import RedisNode, free_port
 from tests.campaign.direct import KEY_COLUMN, TABLE
 from tests.campaign.proxy import FaultProxy
+from tests.campaign.trace import Tracer
 from tests.faults.test_gateway_two_processes import toml_document
 
 __all__ = ["FAKETIME_LIB", "LEDGER", "Cluster", "Gateway", "SnapshotNode", "faketime_works"]
@@ -164,9 +165,10 @@ class Cluster:
 
     def __init__(
         self, workdir: Path, *, skew: bool | None = None, rows: tuple[str, ...] = (),
-        split_nodes: bool = False, groups: int = 0,
+        split_nodes: bool = False, groups: int = 0, trace: Tracer | None = None,
     ) -> None:  # fmt: skip
         self.workdir = workdir
+        self.trace = trace  # every proxy logs the traced name's traffic (``trace.py``)
         self.split_nodes = split_nodes  # sabotage: gateway g locks on node g alone
         self.groups = groups  # 0: one Redlock over [locks] redis; else [locks] groups
         self.rows = rows  # keys of the ledger table, inserted with v = 0 before the trigger
@@ -187,8 +189,11 @@ class Cluster:
     async def __aenter__(self) -> Cluster:
         try:
             await asyncio.to_thread(self._start_servers)
-            for _ in range(GATEWAYS):
-                links = [FaultProxy(node.port) for node in self.nodes]
+            for g in range(GATEWAYS):
+                links = [
+                    FaultProxy(node.port, trace=None if self.trace is None else (self.trace, g, n))
+                    for n, node in enumerate(self.nodes)
+                ]
                 for proxy in links:
                     await proxy.start()
                 self.proxies.append(links)

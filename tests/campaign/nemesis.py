@@ -40,11 +40,14 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final
+
+import hiredis
 
 from tests.campaign.cluster import Cluster
 from tests.campaign.history import FaultWindow
+from tests.campaign.trace import Tracer
 
 __all__ = ["KINDS", "Nemesis", "Planned", "plan"]
 
@@ -54,14 +57,34 @@ KINDS: Final = (
     "skew_gateway", "clock_jump_node", "kleppmann",
 )  # fmt: skip
 JUMP_MS: Final = 10_000
+# ARGV[1]: the jump (ms). ARGV[2], when tracing (``trace.py``): the traced name's key
+# tag; the reply is then {expired, key, pttl, value, ...} for the expired keys of it.
 EXPIRE_SOON = """
-local n = 0
+local n, seen = 0, {}
 for _, key in ipairs(redis.call('KEYS', '*')) do
   local left = redis.call('PTTL', key)
   if left > 0 and left <= tonumber(ARGV[1]) then
+    if ARGV[2] and string.find(key, ARGV[2], 1, true) then
+      local kind = redis.call('TYPE', key)['ok']
+      local value = kind
+      if kind == 'string' then
+        value = redis.call('GET', key)
+      elseif kind == 'zset' then
+        value = table.concat(redis.call('ZRANGE', key, 0, -1, 'WITHSCORES'), ' ')
+      elseif kind == 'hash' then
+        value = table.concat(redis.call('HGETALL', key), ' ')
+      end
+      table.insert(seen, key)
+      table.insert(seen, left)
+      table.insert(seen, value)
+    end
     redis.call('PEXPIRE', key, 1)
     n = n + 1
   end
+end
+if ARGV[2] then
+  table.insert(seen, 1, n)
+  return seen
 end
 return n
 """
@@ -103,6 +126,7 @@ class Nemesis:
     windows: list[FaultWindow] = field(default_factory=list)
     injected: Counter[str] = field(default_factory=Counter)
     struck: tuple[float, float] | None = None  # the current fault's act on a node
+    tracer: Tracer | None = None  # notes each fault and each jump (``trace.py``)
 
     async def _strike(self, act: Callable[[], object]) -> None:
         """Run ``act`` (it takes entries from a node) in a thread and note when."""
@@ -121,9 +145,10 @@ class Nemesis:
                 self.struck = None
                 detail = await self._inject(item)
                 struck = self.struck or (None, None)
-                self.windows.append(
-                    FaultWindow(item.kind, start, time.monotonic(), detail, *struck)
-                )
+                window = FaultWindow(item.kind, start, time.monotonic(), detail, *struck)
+                self.windows.append(window)
+                if self.tracer is not None:
+                    self.tracer.write({"ev": "fault", **asdict(window)})
                 self.injected[item.kind] += 1
                 await asyncio.sleep(item.gap)
         finally:
@@ -280,20 +305,41 @@ class Nemesis:
 
     async def clock_jump_node(self, seconds: float) -> str:
         i = self._node()
-        node = self.cluster.nodes[i]
-        replies: list[bytes] = []
-        await self._strike(
-            lambda: replies.append(node.command("EVAL", EXPIRE_SOON, "0", str(JUMP_MS)))
-        )
+        replies: list[str] = []
+        await self._strike(lambda: replies.append(self._jump(i)))
         await asyncio.sleep(seconds)
-        reply = replies[0].strip().decode(errors="replace")
-        return f"node {i} +{JUMP_MS} ms: {reply} keys expired"
+        return f"node {i} +{JUMP_MS} ms: {replies[0]} keys expired"
+
+    def _jump(self, i: int) -> str:
+        """Node ``i``'s clock jumps ``JUMP_MS`` forward (by its effect): how many keys expired
+        (or the node's error reply)."""
+        node = self.cluster.nodes[i]
+        if self.tracer is None:
+            return (
+                node.command("EVAL", EXPIRE_SOON, "0", str(JUMP_MS))
+                .strip()
+                .decode(errors="replace")
+            )
+        tag = self.tracer.tag.decode()
+        before = time.monotonic()
+        reader = hiredis.Reader()
+        reader.feed(node.command("EVAL", EXPIRE_SOON, "0", str(JUMP_MS), tag))
+        reply = reader.gets()
+        if not isinstance(reply, list):
+            self.tracer.write({"ev": "jump", "node": i, "sent": before, "reply": repr(reply)})
+            return repr(reply)
+        expired = [
+            {"key": k.decode(), "pttl": left, "value": v.decode(errors="replace")}
+            for k, left, v in zip(reply[1::3], reply[2::3], reply[3::3], strict=True)
+        ]  # fmt: skip
+        self.tracer.write({"ev": "jump", "node": i, "jump_ms": JUMP_MS, "sent": before,
+                           "expired_keys": reply[0], "traced": expired})  # fmt: skip
+        return str(reply[0])
 
     async def kleppmann(self, seconds: float) -> str:
         g = self._gateway()
         c, b = self.rng.sample(self.cluster.group_nodes(self.rng), 2)
         proxy = self.cluster.proxies[g][c]
-        node = self.cluster.nodes[b]
         proxy.set("blackhole")
         jumps = 0
         try:
@@ -301,7 +347,7 @@ class Nemesis:
             end = loop.time() + seconds
             while loop.time() < end:
                 await asyncio.sleep(self.rng.uniform(0.1, 0.4))
-                await asyncio.to_thread(node.command, "EVAL", EXPIRE_SOON, "0", str(JUMP_MS))
+                await asyncio.to_thread(self._jump, b)
                 jumps += 1
         finally:
             proxy.heal()

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from tests.campaign.trace import LinkTrace, Tracer
 
 __all__ = ["MODES", "FaultProxy", "Mode"]
 
@@ -36,8 +39,12 @@ CHUNK: Final = 65536
 class FaultProxy:
     """Listen on ``127.0.0.1:port`` and forward to ``127.0.0.1:target_port``."""
 
-    def __init__(self, target_port: int, *, port: int = 0) -> None:
+    def __init__(
+        self, target_port: int, *, port: int = 0, trace: tuple[Tracer, int, int] | None = None
+    ) -> None:
         self.target_port = target_port
+        # (tracer, gateway, node): every connection's traffic of the traced name is logged
+        self.trace = trace
         self.port = port
         self.mode: Mode = "pass"
         self.delay = 0.0
@@ -93,9 +100,13 @@ class FaultProxy:
             down_w.transport.abort()  # the node is down: the gateway sees a closed connection
             return
         self._writers.update((down_w, up_w))
+        link = None
+        if self.trace is not None:
+            tracer, gateway, node = self.trace
+            link = tracer.link(gateway, node, self.connections)
         pair = (
-            asyncio.create_task(self._pump(down_r, up_w, "up")),
-            asyncio.create_task(self._pump(up_r, down_w, "down")),
+            asyncio.create_task(self._pump(down_r, up_w, "up", link)),
+            asyncio.create_task(self._pump(up_r, down_w, "down", link)),
         )
         for task in pair:
             self._tasks.add(task)
@@ -108,14 +119,17 @@ class FaultProxy:
             for writer in (down_w, up_w):
                 writer.transport.abort()
                 self._writers.discard(writer)
+            if link is not None:
+                link.closed()
 
     def loses(self, data: bytes, direction: str) -> bool:
         """Whether this chunk is lost whatever the mode (a subclass picks chunks)."""
         return False
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
-    ) -> None:
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str,
+        link: LinkTrace | None = None,
+    ) -> None:  # fmt: skip
         """Copy one direction until EOF, applying the link's mode to every chunk."""
         with contextlib.suppress(OSError, ConnectionError):
             while True:
@@ -127,8 +141,12 @@ class FaultProxy:
                 if self.mode == "cut":
                     return
                 if self.mode == f"drop_{direction}" or self.loses(data, direction):
+                    if link is not None:
+                        link.lost(direction, data)
                     return  # the chunk is lost; the caller closes both sides
                 if self.mode == "delay" and self.delay > 0:
                     await asyncio.sleep(self.delay)
                 writer.write(data)
+                if link is not None:
+                    link.feed(direction, data)
                 await writer.drain()

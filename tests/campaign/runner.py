@@ -52,6 +52,7 @@ from tests.campaign.client import ClientSpec, decode, request
 from tests.campaign.cluster import LEDGER, ROOT, Cluster, faketime_works
 from tests.campaign.history import FaultWindow, Op, load_events, pair_ops, write_jsonl
 from tests.campaign.nemesis import KINDS, Nemesis, plan
+from tests.campaign.trace import Tracer
 
 __all__ = ["CampaignResult", "run_campaign"]
 
@@ -76,6 +77,7 @@ class CampaignResult:
     shared_writes: bool = False
     split_nodes: bool = False
     groups: int = 0
+    trace_name: str | None = None
 
     def ops(self) -> list[Op]:
         """The paired operations of the history (read again from its files)."""
@@ -107,6 +109,7 @@ async def run_campaign(
     shared_writes: bool = False,
     split_nodes: bool = False,
     groups: int = 0,
+    trace_name: str | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every: float = 5.0,
 ) -> CampaignResult:
@@ -122,9 +125,13 @@ async def run_campaign(
     stop = workdir / "stop-clients"
     ledger = [[LEDGER, k] for k in KEYS]
     cluster_dir = workdir / "cluster"
-    async with Cluster(cluster_dir, rows=KEYS, split_nodes=split_nodes, groups=groups) as cluster:
+    # ``trace_name``: the proxies and the nemesis log that lock name's traffic (trace.py)
+    tracer = None if trace_name is None else Tracer(workdir / "trace.jsonl", trace_name)
+    async with Cluster(
+        cluster_dir, rows=KEYS, split_nodes=split_nodes, groups=groups, trace=tracer
+    ) as cluster:
         procs: list[subprocess.Popen[bytes]] = []
-        nemesis = Nemesis(cluster, procs, rng)
+        nemesis = Nemesis(cluster, procs, rng, tracer=tracer)
         try:
             kinds_of = [("client", "writer", "c", i, targets) for i in range(clients)]
             kinds_of += [("direct", "writer", "d", i, ledger) for i in range(direct_clients)]
@@ -168,6 +175,8 @@ async def run_campaign(
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(timeout=10)
+    if tracer is not None:
+        tracer.close()
     faults_path = workdir / "faults.jsonl"
     write_jsonl(faults_path, (asdict(w) for w in nemesis.windows))
     events = load_events(sorted(history.glob("*.jsonl")))
@@ -176,7 +185,7 @@ async def run_campaign(
     return CampaignResult(
         seed, seconds, sabotage, unfenced_direct, Counter(p.kind for p in schedule),
         nemesis.injected, report, statuses, history, nemesis.windows, deadlocks,
-        shared_writes, split_nodes, groups,
+        shared_writes, split_nodes, groups, trace_name,
     )  # fmt: skip
 
 
