@@ -38,7 +38,17 @@ exclusive (shared leases hold together, I1); ``duplicate_token`` likewise
 (overlapping shared or semaphore grants may share a token, R23, R24);
 ``token_order`` is I2 for every kind (a grant completed before another's acquire
 began has the smaller token; a repeat of an idempotent acquire that names the same
-lease is no new grant, when it names the same token). Two more checks:
+lease is no new grant, when it names the same token). Which answers are one lease
+(``_lease``): those naming one ``lease_id`` *and* carrying one ``Idempotency-Key``
+and kind, the first request and its repeats, sent together or one after the other
+(R26: one lease per key; the key's digest covers the kind). Only those: any other
+answer naming a lease id that another request was answered with (no key, another
+key, another kind) is a lease of its own for every check, so its token counts as a
+grant of its own (``duplicate_token``, ``token_order``) and its holder as another
+holder (overlaps); a gateway that gave one request's lease to another would
+otherwise pass unseen. A repeat is not bound in time: one racing its lease's
+release may be answered with the lease until the release lands (README), and a
+release can be replayed on a node after its answer (R7). Two more checks:
 
 * ``semaphore_overcount``: more semaphore leases of a name surely held at one
   instant than their ``permits`` (I5, R32); excused like an overlap by a clock
@@ -182,6 +192,15 @@ def lost_updates(ops: Sequence[Op]) -> list[Violation]:
     return found
 
 
+def _lease(op: Op) -> object:
+    """Which lease an acquire's answer is for the checks: one ``lease_id`` answered to
+    requests with one idempotency key and kind is one lease (the first request and its
+    repeats, R26); any other answer is a lease of its own, whatever id it names."""
+    if op.idem_key is not None:
+        return (op.lease_id, op.mode, op.idem_key)
+    return (op.lease_id, op.process, op.op)
+
+
 def duplicate_tokens(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Violation]:
     """Two different ``lease_id`` granted with the same token for one lock name, one of
     them exclusive; excused, like an overlap, when a clock fault struck a node between
@@ -197,10 +216,10 @@ def duplicate_tokens(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> l
     jump expires entries, not counters."""
     found: list[Violation] = []
     for scope, grants in sorted(_by_scope(ops, "acquire").items()):
-        by_token: dict[int, dict[str, Op]] = defaultdict(dict)
+        by_token: dict[int, dict[object, Op]] = defaultdict(dict)
         for g in grants:
             if g.result == "ok" and g.token is not None and g.lease_id is not None:
-                by_token[g.token].setdefault(g.lease_id, g)
+                by_token[g.token].setdefault(_lease(g), g)
         for token, leases in sorted(by_token.items()):
             # Overlapping shared or semaphore grants may share a token (R23, R24).
             if len(leases) > 1 and any(g.mode == "exclusive" for g in leases.values()):
@@ -208,14 +227,14 @@ def duplicate_tokens(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> l
                          max(g.end or g.start for g in leases.values()))  # fmt: skip
                 if CLOCK_FAULTS & set(_struck(faults, *lives)):
                     continue
-                found.append(
-                    Violation(
-                        "duplicate_token",
-                        scope,
-                        f"token {token} granted to {len(leases)} leases",
-                        tuple(leases.values()),
+                ids = {g.lease_id for g in leases.values()}
+                detail = f"token {token} granted to {len(leases)} leases"
+                if len(ids) < len(leases):
+                    detail += (
+                        f" ({len(ids)} lease ids: one answered to requests that are not"
+                        " repeats of one idempotency key)"
                     )
-                )
+                found.append(Violation("duplicate_token", scope, detail, tuple(leases.values())))
     return found
 
 
@@ -252,17 +271,17 @@ def _precedence(
 
 def token_order(ops: Sequence[Op]) -> list[Violation]:
     """A grant completed before another was invoked must have the smaller token (I2, every
-    kind); an acquire that answers a lease an earlier-invoked one answered is a repeat."""
+    kind); an acquire that answers a lease an earlier-invoked one answered, with its token,
+    is a repeat when both carry one idempotency key and kind (``_lease``)."""
     found: list[Violation] = []
     for scope, grants in sorted(_by_scope(ops, "acquire").items()):
         ok = [g for g in grants if g.result == "ok"]
-        first: dict[str | None, Op] = {}
+        first: dict[object, Op] = {}
         for g in sorted(ok, key=lambda o: o.start):
-            first.setdefault(g.lease_id, g)
+            first.setdefault(_lease(g), g)
         # A repeat answers the lease's decided token (R26): one with another token
         # is a grant of its own.
-        new = [g for g in ok if g.lease_id is None or first[g.lease_id].token != g.token
-               or first[g.lease_id] is g]  # fmt: skip
+        new = [g for g in ok if first[_lease(g)].token != g.token or first[_lease(g)] is g]
         found += _precedence(ok, new, "token_order", scope, "grant", strict=True)
     return found
 
@@ -349,14 +368,15 @@ def _struck(faults: Sequence[FaultWindow], start: float, end: float) -> tuple[st
 
 
 def _sure_spans(ops: Sequence[Op], scope_grants: Iterable[Op]) -> list[tuple[float, float, Op]]:
-    """Each lease's sure interval (over every answer that named it: repeats of one key)."""
+    """Each lease's sure interval (over every answer that is it: repeats of one key,
+    ``_lease``)."""
     releases, renews = _lease_ends(ops)
     leases: dict[object, tuple[float, float, Op]] = {}
     for g in scope_grants:
         span = _held(g, releases, renews)
         if span is None:
             continue
-        ident: object = g.lease_id if g.lease_id is not None else id(g)
+        ident = _lease(g)
         if ident in leases:
             start, end, first = leases[ident]
             span = (min(start, span[0]), max(end, span[1]))
@@ -376,7 +396,7 @@ def overlaps(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -> list[Over
             for (other_start, other_end), second in held[i + 1 :]:
                 if other_start >= end:
                     break
-                if first.lease_id == second.lease_id:
+                if _lease(first) == _lease(second):
                     continue
                 if "exclusive" not in (first.mode, second.mode):
                     continue
@@ -408,10 +428,10 @@ def semaphore_overcount(ops: Sequence[Op], faults: Sequence[FaultWindow] = ()) -
         spans = _sure_spans(ops, sems)
         over_until = float("-inf")  # one violation per stretch of too many holders
         for start, _end, _grant in spans:
-            held: dict[str | None, tuple[float, float, Op]] = {}
+            held: dict[object, tuple[float, float, Op]] = {}
             for span in spans:
                 if span[0] <= start < span[1]:
-                    held.setdefault(span[2].lease_id, span)
+                    held.setdefault(_lease(span[2]), span)
             permits = min((s[2].permits or 0) for s in held.values())
             if len(held) <= permits or start < over_until:
                 continue

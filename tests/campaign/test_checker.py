@@ -487,3 +487,62 @@ def test_a_clock_fault_excuses_no_grant_out_of_token_order() -> None:
     h.op("c1", "acquire", 1.0, 1.5, token=9, lease_id="b", valid_ms=100, mode="exclusive")
     report = check(h.events, [FaultWindow("kleppmann", 0.0, 2.0)])
     assert [v.kind for v in report.violations] == ["token_order"]
+
+
+# Which answers are one lease (``checker._lease``): a request and its repeats of one key.
+
+
+@pytest.mark.parametrize(
+    ("keys", "second_start"),
+    [
+        ((None, None), 0.2),  # no key, asked after the first was answered
+        ((None, None), 0.05),  # no key, sent together
+        (("k1", "k2"), 0.05),  # two keys, sent together
+        (("k1", None), 0.2),  # the key's lease answered to a request without it
+    ],
+)
+def test_one_lease_answered_to_requests_that_are_not_repeats_of_one_key_is_two_grants(
+    keys: tuple[str | None, str | None], second_start: float
+) -> None:
+    """The checker used to take every answer naming one lease id for one lease (a repeat),
+    key or no key: a gateway that handed one request's lease to another passed unseen."""
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=5, lease_id="a", valid_ms=2000, idem_key=keys[0])
+    h.op("c1", "acquire", second_start, 0.3, token=5, lease_id="a", valid_ms=2000,
+         idem_key=keys[1])  # fmt: skip
+    violations = check(h.events).violations
+    kinds = sorted(v.kind for v in violations)
+    ordered = ["token_order"] if second_start > 0.1 else []  # asked after the first's answer
+    assert kinds == sorted(["duplicate_token", "mutual_exclusion", *ordered]), violations
+    duplicate = next(v for v in violations if v.kind == "duplicate_token")
+    assert duplicate.detail == (
+        "token 5 granted to 2 leases (1 lease ids: one answered to requests that are not"
+        " repeats of one idempotency key)"
+    )
+
+
+def test_a_key_for_another_kind_is_another_lease() -> None:
+    """The key's digest covers the kind (R26): a shared request with the key of an exclusive
+    lease is not its repeat."""
+    h = History()
+    h.op("c0", "acquire", 0.0, 0.1, token=5, lease_id="a", valid_ms=2000, idem_key="k1")
+    h.op("c1", "acquire", 0.2, 0.3, token=5, lease_id="a", valid_ms=2000, idem_key="k1",
+         mode="shared")  # fmt: skip
+    kinds = sorted(v.kind for v in check(h.events).violations)
+    assert kinds == ["duplicate_token", "mutual_exclusion", "token_order"]
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared", "semaphore"])
+def test_requests_with_one_key_sent_together_and_a_repeat_are_one_lease(mode: str) -> None:
+    """Two requests with one key sent together end with one lease (R26: the one committed
+    first; the other gives its grant up and answers it), and a later repeat answers it."""
+    permits = {"permits": 2} if mode == "semaphore" else {}
+    key = f"sem/s{mode}" if mode == "semaphore" else "kv/k"
+    h = History()
+    for process, start, end in (("i0", 0.0, 0.4), ("i1", 0.1, 0.3), ("i1", 0.5, 0.6)):
+        h.op(process, "acquire", start, end, key=key, token=5, lease_id="a", valid_ms=2000,
+             idem_key="k1", mode=mode, **permits)  # fmt: skip
+    h.op("i0", "release", 1.0, 1.1, key=key, lease_id="a", status=204)
+    report = check(h.events)
+    assert report.ok, report.violations
+    assert report.overlaps == []
