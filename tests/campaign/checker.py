@@ -53,9 +53,10 @@ release can be replayed on a node after its answer (R7). Two more checks:
 * ``semaphore_overcount``: more semaphore leases of a name surely held at one
   instant than their ``permits`` (I5, R32); excused like an overlap by a clock
   fault in the leases' lifetime;
-* ``idempotency``: two successful acquires with one ``Idempotency-Key``, the second
-  asked after the first was answered and answered while the first's lease was
-  surely held, that name different leases or tokens (R26: one lease per key).
+* ``idempotency``: two successful acquires with one ``Idempotency-Key`` that name
+  different leases or tokens, the second asked after the first was answered and
+  answered while the first's lease was surely held, or the two sent together and
+  their leases both surely held at one instant (R26: one lease per key).
   An acquire whose tag commit reached fewer than a quorum fails (503), so no fault
   during the first acquire excuses a split. The tag lives with the lease's entry on
   each node, so a node that forgets the entry between the first acquire and the
@@ -458,7 +459,11 @@ def idempotency(
 ) -> tuple[list[Violation], int]:
     """One lease per key (R26): a successful acquire asked after another with the same key
     was answered, and answered while that one's lease was surely held, names the same
-    lease and token. Returns the violations and how many splits a fault excused."""
+    lease and token; two sent together (the second asked before the first was answered)
+    that name different leases were never both surely held at one instant (each returns
+    its own lease only once a quorum took its tag, and a node holding one lease tagged
+    refuses the other's tag: the one committed first is the key's lease, README).
+    Returns the violations and how many splits a fault excused."""
     releases, renews = _lease_ends(ops)
     by_key: dict[tuple[str, str, str], list[Op]] = defaultdict(list)
     for op in ops:
@@ -473,11 +478,19 @@ def idempotency(
             if span is None:
                 continue
             for second in answers[i + 1 :]:
-                if second.end is None or not span[0] <= second.start < second.end <= span[1]:
+                if second.end is None:
                     continue
                 if (second.lease_id, second.token) == (first.lease_id, first.token):
                     continue
-                forgot = FORGETTING_FAULTS & set(_struck(faults, first.start, second.end))
+                together = second.start < span[0]
+                if together:
+                    other = _held(second, releases, renews)
+                    if other is None or max(span[0], other[0]) >= min(span[1], other[1]):
+                        continue
+                elif not second.start < second.end <= span[1]:
+                    continue
+                later = max(span[0], second.end)  # the later answer
+                forgot = FORGETTING_FAULTS & set(_struck(faults, first.start, later))
                 if forgot and (first.mode != "exclusive" or forgot & CLOCK_FAULTS):
                     excused += 1
                     continue
@@ -487,7 +500,11 @@ def idempotency(
                         scope,
                         f"key {key!r}: lease {second.lease_id} token {second.token} answered "
                         f"while lease {first.lease_id} token {first.token} of the same key "
-                        "was surely held",
+                        + (
+                            "(asked together) was surely held too"
+                            if together
+                            else "was surely held"
+                        ),
                         (first, second),
                     )
                 )
