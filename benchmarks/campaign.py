@@ -251,6 +251,12 @@ def render(rows: list[dict[str, Any]]) -> str:
             for v in r["violation_excerpt"]:
                 lines.append(f"- {v['kind']} on `{v['scope']}`: {v['detail']}")
                 lines += [f"  - `{json.dumps(op)}`" for op in v["ops"]]
+    noted = [r for r in rows if r.get("note")]
+    if noted:
+        lines += ["", "## Notes", ""]
+        lines += [
+            f"- Seed {r['seed']} ({mode_of(r)}, {r['seconds']:g} s): {r['note']}" for r in noted
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -282,6 +288,8 @@ def save(entry: dict[str, Any]) -> None:
     rows: list[dict[str, Any]] = json.loads(store.read_text()) if store.exists() else []
     same = (entry["seed"], entry["seconds"], mode_of(entry))
     rows = [r for r in rows if (r["seed"], r["seconds"], mode_of(r)) != same] + [entry]
+    # A row's ``note`` (written by hand into campaign.json: what a run showed) is rendered
+    # under "Notes"; a rerun of the row's seed, length and mode drops it with the row.
     rows.sort(key=lambda r: (mode_of(r) != "normal", mode_of(r), r["date"], r["seed"]))
     store.write_text(json.dumps(rows, indent=1) + "\n")
     (RESULTS / "campaign.md").write_text(render(rows))
