@@ -196,7 +196,14 @@ class Acquirer:
             pending.move(AttemptState.QUEUED)
             return Attempt(0, 0.0, max(busy) / 1000)
         pending.move(AttemptState.FAILED)
-        return self._rounds.unavailable(name, rnd, _is_granted, need)
+        failed = self._rounds.unavailable(name, rnd, _is_granted, need)
+        # R32: no more than N - Q nodes are known to be out (a round decides as soon as
+        # one is, a semaphore's, so the others may not have answered yet): a majority may
+        # be there, as exclusive and shared locks would find, and a waiter tries again
+        # (its grants were given up above); more than N - Q out is a dead quorum
+        out = rnd.count(lambda r: isinstance(r, Failure | Quarantined | Unsynced))
+        failed.majority = len(self.nodes) - out >= self.quorum
+        return failed
 
     async def _grant(
         self,

@@ -62,6 +62,8 @@ class QuorumUnavailable(LockServiceError):
         needed: int,
         nodes: int,
         retry_after: float | None = None,
+        *,
+        majority: bool = False,
     ) -> None:
         summary = "; ".join(f"{node}: {err}" for node, err in node_errors.items())
         every = " (a semaphore needs every node)" if needed == nodes > nodes // 2 + 1 else ""
@@ -74,3 +76,6 @@ class QuorumUnavailable(LockServiceError):
         self.nodes = nodes
         # seconds until enough quarantined nodes count again, when that is the cause
         self.retry_after = retry_after
+        # a majority answered: only a semaphore's need of every node was missed (R32),
+        # so a waiting acquire tries again until its wait runs out (``manager``)
+        self.majority = majority

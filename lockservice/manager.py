@@ -20,8 +20,9 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Final
 
-from lockservice.backend import Backend, Readiness
+from lockservice.backend import Attempt, Backend, Readiness
 from lockservice.errors import (
     LeaseLost,
     LockHeld,
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 _BACKOFF_FIRST = 0.05
 _BACKOFF_QUEUED = 0.25  # a queued waiter is woken by the release: polling is the fallback
 _BACKOFF_MAX = 1.0
+_NOT_YET: Final = Attempt(0, 0.0, 0.0)  # a waiter's try that missed a semaphore's node
 _RELEASED_MEMORY = 10_000  # lease ids released here, to refuse a second release of one
 
 
@@ -268,6 +270,7 @@ class LockManager(SemaphoreAPI):
         backend = self._backend
         backoff = _BACKOFF_QUEUED if ticket else _BACKOFF_FIRST
         resynced = retried = False
+        unavailable: QuorumUnavailable | None = None  # why the last try failed, if it did
         try:
             while True:
                 woken = backend.waiters.register(name, lease_id)  # before the try
@@ -282,21 +285,30 @@ class LockManager(SemaphoreAPI):
                             permits=kind.permits,
                             tag=kind.tag,
                         )
-                    except QuorumUnavailable:
+                        unavailable = None
+                    except QuorumUnavailable as exc:
                         # Nodes in the middle of a resync: wait for them once, then retry.
-                        if resynced or not await backend.settle():
+                        if not resynced and await backend.settle():
+                            resynced = True
+                            continue
+                        # R32: a semaphore's node is missing while a majority answers
+                        # (exclusive and shared locks would go on): a waiter keeps trying
+                        # until its wait runs out. A dead quorum fails at once.
+                        if not (ticket and exc.majority and loop.time() < deadline):
                             raise
-                        resynced = True
-                        continue
-                    # R26: decided, the tag is committed (a cancel here, or a commit that
-                    # no quorum took, gives it back, below)
-                    attempt = await commit_tag(backend, name, lease_id, attempt, kind)
+                        unavailable, attempt = exc, _NOT_YET
+                    else:
+                        # R26: decided, the tag is committed (a cancel here, or a commit
+                        # that no quorum took, gives it back, below)
+                        attempt = await commit_tag(backend, name, lease_id, attempt, kind)
                     if attempt.token:
                         if attempt.lease_id and attempt.lease_id != lease_id:
                             backend.abandon(name, lease_id)  # the tag's lease answered: R26
                         return kind.lease(name, attempt.lease_id or lease_id, attempt, self)
                     remaining = deadline - loop.time()
                     if remaining <= 0:
+                        if unavailable is not None:  # the node stayed missing: 503, not 409
+                            raise unavailable
                         # 0: refused behind queued waiters, not a holder; say the holders' time
                         left = attempt.retry_after or await self._held_for(name)
                         raise LockHeld(name, retry_after=max(left, 0.001))

@@ -260,8 +260,13 @@ R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
     Release and undo free what they reach, as for every kind. The price: one
     node down, paused or quarantined stops new semaphore leases and their
     extends (exclusive and shared locks keep majority quorums); permits held in
-    slots (one key per permit, each a Redlock) would lift it later
-    (``protocol.grants_needed``, ``acquire``, ``redlock.extend``).        [I5]
+    slots (one key per permit, each a Redlock) would lift it later. A waiting
+    try that no more than N - Q nodes are known to be out of (a majority may
+    answer) gives its grants up (R15) and the waiter tries again with the same
+    lease id and ticket until its wait runs out (FAILED -> TRYING), then fails
+    with QuorumUnavailable; more than N - Q out fails at once, as for every
+    kind (``protocol.grants_needed``, ``acquire``, ``manager``,
+    ``redlock.extend``).                                                  [I5]
 
 Where each rule is checked (tests, model runs, counterexamples): RULES_CHECKED.md
 beside this module.
@@ -405,8 +410,10 @@ class AttemptState(enum.StrEnum):
     QUEUED -> TRYING             woken by a release, a nudge or the poll timer
     QUEUED -> RAISING / GRANTED  Q hand-overs arrived (R9-R12)
     TRYING / RAISING -> FAILED   no quorum answered: undone, QuorumUnavailable
-    FAILED -> TRYING             retried once after a resync wait (or RAISING /
-                                 GRANTED: hand-overs arrived during that wait)
+    FAILED -> TRYING             retried once after a resync wait, or, for a
+                                 semaphore waiter that a majority may answer, until
+                                 its wait runs out (R32) (or RAISING / GRANTED:
+                                 hand-overs arrived during that wait)
     any but GRANTED -> ABANDONED wait ran out or the caller was cancelled: undone (R7)
     """
 

@@ -198,6 +198,13 @@ class Model(Repeats):
             s = self._undo(s, c, give_up=usable < need)
         if granted >= need or (busy and granted + busy >= need):
             return self._client(s, c, phase="waiting")
+        # R32: a semaphore's try that no more than N - Q nodes are known to be out of
+        # (failed, quarantined, unsynced; a node not answered may still be there) leaves
+        # a majority: the waiter, its grants given up above, tries again while it may
+        # (manager.py, QuorumUnavailable.majority); else QuorumUnavailable
+        out = sum(r == FAIL or (isinstance(r, tuple) and r[0] in (-1, -2)) for r in cl.replies)
+        if need > self.q and self.n - out >= self.q and cl.tries < self.b.tries:
+            return self._client(s, c, phase="waiting")
         return self._abandon(s, c)  # QuorumUnavailable
 
     def _after_raise(self, s: State, c: int) -> State:

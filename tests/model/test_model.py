@@ -430,3 +430,45 @@ def test_the_node_model_follows_the_scripts_for_tags() -> None:
     named = [((0, 1), 3, 2), ((0, 1), 4, 1), 0]
     assert found_lease(named, 2, 5, 0) == ((0, 1), 4, 6)
     assert found_lease([((0, 1), 3, 2), ((1, 1), 4, 1), 0], 2, 5, 0) is None
+
+
+# R32 with waiting: two semaphore clients of 2 permits, one dropped connection, two
+# tries each. A try that misses one node while a majority answers gives its grants up
+# and the waiter tries again (manager.py), instead of failing at once.
+SEM_RETRY = Bounds(
+    clients=2,
+    modes=("semaphore",) * 2,
+    permits=2,
+    max_time=0,
+    faults=1,
+    kinds=frozenset({"drop"}),
+    reorders=0,
+    tries=2,
+)
+
+
+def test_a_semaphore_waiter_whose_try_misses_a_node_tries_again() -> None:
+    model = Model(SEM_RETRY)
+    state = model.initial()
+    for want in (("acquire", 0), ("DROP connection", 0, 2)):
+        nxt = _step(model, state, want)
+        assert nxt is not None, want
+        state = nxt
+    for _ in range(20):
+        if state.clients[0].phase != "trying":
+            break
+        nxt = _step(model, state, ("run",))
+        assert nxt is not None
+        state = nxt
+    assert state.clients[0].phase == "waiting"  # not abandoned: a majority answered
+    assert _step(model, state, ("retry", 0)) is not None
+    once = _each_missing_one_node(Model(SEM_MINORITY), 1)  # its last try: QuorumUnavailable
+    assert once.clients[0].phase == "idle"
+
+
+def test_every_invariant_holds_when_a_semaphore_waiter_tries_again() -> None:
+    result = explore(Model(SEM_RETRY), seconds=SAFETY_VALVE)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, "the bounds were not explored completely: " + result.summary()
+    assert result.states > 5_000  # the bounds are not trivial
