@@ -15,6 +15,7 @@ from typing import Final
 from lockservice import LeaseLost, LockHeld, LockServiceError, PermitsMismatch, QuorumUnavailable
 from storage_adapters.errors import (
     BadValue,
+    CorruptMetadata,
     NotFound,
     StaleToken,
     StorageError,
@@ -201,6 +202,7 @@ STATUS: Final[Mapping[type[Exception], int]] = {
     StorageUnavailable: 503,
     TableMismatch: 503,
     StoreMisconfigured: 503,
+    CorruptMetadata: 503,  # the key's fencing metadata was written around fencegate
     ShuttingDown: 503,
     RequestTimeout: 503,
     StorageError: 500,  # any other storage failure: rendered with its code, and logged
@@ -237,6 +239,8 @@ def error_data(exc: BaseException) -> dict[str, object]:
         if exc.retry_after is not None:  # quarantined nodes count again by then
             data["retry_after_ms"] = max(1, math.ceil(exc.retry_after * 1000))
         return data
+    if isinstance(exc, CorruptMetadata):
+        return {"store": exc.store, "key": exc.key}
     if isinstance(exc, TooLarge):
         return {"limit": exc.limit}
     if isinstance(exc, MethodNotAllowed):

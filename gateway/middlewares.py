@@ -43,7 +43,7 @@ from gateway.errors import (
 )
 from gateway.headers import one_header
 from gateway.state import API_KEY, CONFIG, METRICS, STATE, GatewayState
-from storage_adapters import StoreNotStarted
+from storage_adapters import CorruptMetadata, StoreNotStarted
 
 __all__ = [
     "MIDDLEWARES",
@@ -210,8 +210,9 @@ def _render(request: web.Request, exc: Exception) -> web.Response:
         return web.json_response(
             {"error": "internal", "message": "internal error; see the gateway log"}, status=500
         )
-    # Draining and a store that could not start yet are logged once, not per request.
-    if status >= 500 and not isinstance(exc, ShuttingDown | StoreNotStarted):
+    # Draining, a store that could not start yet and a key's corrupt fencing metadata
+    # are logged once (where they are found), not per request.
+    if status >= 500 and not isinstance(exc, ShuttingDown | StoreNotStarted | CorruptMetadata):
         log.warning("%s %s: %s", request.method, route_label(request), exc)
     return _json_error(exc, status)
 

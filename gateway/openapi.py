@@ -119,9 +119,10 @@ _STORE_FAIL: Final = {
         'fencing = "lease", not the holder\'s)',
         "stale_token",
     ),
-    "503": _error("the storage or the lock quorum is unreachable, or the store's table no "
-                  "longer matches its configuration", "storage_unavailable", "storage_config",
-                  "quorum_unavailable", "shutting_down"),
+    "503": _error("the storage or the lock quorum is unreachable, the store's table no "
+                  "longer matches its configuration, or the key's fencing metadata was "
+                  "written around fencegate", "storage_unavailable",
+                  "storage_config", "storage_corrupt", "quorum_unavailable", "shutting_down"),
 }  # fmt: skip
 
 

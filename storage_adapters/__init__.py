@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from storage_adapters.base import FencedStore, NoHooks, Record, StoreHooks, validate_key
 from storage_adapters.errors import (
     BadValue,
+    CorruptMetadata,
     NotFound,
     StaleToken,
     StorageError,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadValue",
+    "CorruptMetadata",
     "FencedStore",
     "FileStore",
     "MysqlLegacyStore",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Final, Protocol, Self, TypeVar
 
-from storage_adapters.errors import BadValue, StaleToken
+from storage_adapters.errors import BadValue, CorruptMetadata, StaleToken
 
 __all__ = [
     "DEFAULT_CONTENT_TYPE",
@@ -57,6 +57,7 @@ T = TypeVar("T")
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 MAX_TOKEN: Final = 2**63 - 1  # PostgreSQL bigint
 _MAX_SCOPE: Final = 1024
+_CORRUPT_MEMORY: Final = 1024  # corrupt keys logged already, per store (then logged anew)
 _KEY_RE: Final = re.compile(r"[A-Za-z0-9._~:/-]{1,512}")
 _CONTENT_TYPE_RE: Final = re.compile(r"[\x20-\x7e]{1,255}")
 # A JSON string (kept), or whitespace outside strings (dropped).
@@ -171,6 +172,7 @@ class FencedStore(ABC):
     def __init__(self, name: str, *, hooks: StoreHooks = NO_HOOKS) -> None:
         self.name = name
         self.hooks = hooks
+        self._corrupt_logged: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -283,6 +285,18 @@ class FencedStore(ABC):
     @abstractmethod
     async def _delete(self, scope: str, key: str, token: int | None) -> None:
         """Check and delete atomically; arguments are already validated."""
+
+    def _corrupt(self, key: str, what: str) -> CorruptMetadata:
+        """The error for fencing metadata of ``key`` that fencegate did not write,
+        logged at WARNING once per key and problem (not once per request)."""
+        err = CorruptMetadata(self.name, key, what)
+        seen = (key, what)
+        if seen not in self._corrupt_logged:
+            if len(self._corrupt_logged) >= _CORRUPT_MEMORY:
+                self._corrupt_logged.clear()
+            self._corrupt_logged.add(seen)
+            log.warning("%s", err)
+        return err
 
     def _check(self, scope: str, key: str, token: int | None) -> None:
         _validate_scope(scope)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "BadValue",
+    "CorruptMetadata",
     "NotFound",
     "StaleToken",
     "StorageError",
@@ -137,3 +138,20 @@ class UnfencedRefused(StorageError):
             f" ({reason}); send X-Fencing-Token, or reinstall it with --allow-unfenced"
         )
         self.store = store
+
+
+class CorruptMetadata(StorageError):
+    """A key's fencing metadata (its high-water mark or token) is not what fencegate
+    writes: someone wrote it around the gateway. The key is refused, the mark never
+    guessed (fail closed), until it is repaired; nothing of the request was applied."""
+
+    code = "storage_corrupt"
+
+    def __init__(self, store: str, key: str, what: str) -> None:
+        super().__init__(
+            f"store {store!r}: the fencing metadata of key {key!r} is corrupt ({what});"
+            " nothing was changed; repair or remove it outside fencegate"
+        )
+        self.store = store
+        self.key = key
+        self.what = what

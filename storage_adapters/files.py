@@ -67,6 +67,7 @@ __all__ = ["HIDDEN", "FileStore"]
 
 HIDDEN: Final = ".fencegate@"
 _NAME_MAX: Final = 255
+_MAX_DIGITS: Final = 19  # of a token (a bigint); a mark file holds nothing else
 _SHARDS: Final = [f"{i:02x}" for i in range(256)]
 T = TypeVar("T")
 
@@ -230,7 +231,7 @@ class FileStore(FencedStore):
         body: bytes,
         content_type: str,
     ) -> None:
-        mark = self._check_mark(scope, token)
+        mark = self._check_mark(scope, key, token)
         folder = self._parents(key, parts)
         final = os.path.join(folder, parts[-1])
         self._check_target(key, final)
@@ -264,7 +265,7 @@ class FileStore(FencedStore):
         self._replace_small(self._meta_path(key), json.dumps(meta).encode())
 
     def _sync_fenced_read(self, scope: str, key: str, parts: list[str], token: int) -> Record:
-        if token > self._check_mark(scope, token):
+        if token > self._check_mark(scope, key, token):
             self._write_mark(scope, token)
         return self._read(key, parts)
 
@@ -282,7 +283,7 @@ class FileStore(FencedStore):
             os.close(fd)
 
     def _sync_delete(self, scope: str, key: str, parts: list[str], token: int | None) -> None:
-        mark = self._check_mark(scope, token)
+        mark = self._check_mark(scope, key, token)
         target = self._existing_target(key, parts)
         if token is not None and token > mark:
             self._write_mark(scope, token)
@@ -331,8 +332,9 @@ class FileStore(FencedStore):
         finally:
             os.close(fd)  # releases the flock
 
-    def _check_mark(self, scope: str, token: int | None) -> int:
-        """Return the mark of ``scope``; raise ``StaleToken`` if ``token`` is older."""
+    def _check_mark(self, scope: str, key: str, token: int | None) -> int:
+        """Return the mark of ``scope``; raise ``StaleToken`` if ``token`` is older, and
+        ``CorruptMetadata`` (naming ``key``) if the mark file is not a decimal token."""
         if token is None:
             return 0
         path = self._shard_path("marks", scope)
@@ -341,10 +343,11 @@ class FileStore(FencedStore):
                 text = f.read()
         except FileNotFoundError:
             return 0
-        try:
-            mark = int(text)
-        except ValueError:  # fail closed: never guess a mark
-            raise StorageError(f"store {self.name!r}: corrupt high-water mark {path!r}") from None
+        digits = text.strip()
+        if not (digits.isdigit() and len(digits) <= _MAX_DIGITS):  # fail closed: never guess
+            what = f"the high-water mark of lock {scope!r} in {path!r} holds {text[:40]!r}"
+            raise self._corrupt(key, what)
+        mark = int(digits)
         if token < mark:
             raise StaleToken(token, mark, scope=scope)
         return mark

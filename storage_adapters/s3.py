@@ -422,10 +422,10 @@ class S3Store(FencedStore):
         raw = meta.get(field)
         if raw is None:
             return None
-        if not raw.isdigit():  # fail closed: never guess a mark
-            raise StorageError(
-                f"store {self.name!r}: object {name!r} has a corrupt {field} {raw!r}"
-            )
+        if not (raw.isascii() and raw.isdigit()):  # fail closed: never guess a mark
+            key = name.removeprefix(self.prefix)
+            what = f"object {name!r} has metadata {field} = {raw!r}, not a token"
+            raise self._corrupt(key, what)
         return int(raw)
 
     # -- client and errors -------------------------------------------------------------

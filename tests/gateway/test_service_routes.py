@@ -154,6 +154,7 @@ async def test_openapi_documents_every_error_code_and_header(client: Client) -> 
     for method in ("put", "get", "delete"):  # a legacy table changed under the gateway
         store_503 = doc["paths"]["/v1/stores/{store}/{key}"][method]["responses"]["503"]
         assert "storage_config" in store_503["description"], method
+        assert "storage_corrupt" in store_503["description"], method  # metadata written around
     assert set(doc["paths"]["/v1/stats/hot"]["get"]["responses"]) >= {"200", "400", "401"}
     assert "Allow" in doc["components"]["responses"]["MethodNotAllowed"]["headers"]
 

@@ -14,10 +14,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 import storage_adapters
+from gateway.app import create_app
+from gateway.config import parse_config
 from storage_adapters import BadValue, FileStore, NotFound, StaleToken, StorageUnavailable
 from storage_adapters.files import HIDDEN, key_segments
+from tests._gateway import Client, ServeClient
 from tests.storage_adapters.test_fencing import Attempt, check_fenced_history, watch_values
 
 
@@ -336,3 +340,58 @@ async def test_two_processes_with_interleaved_tokens_keep_token_order(tmp_path: 
     attempts = [Attempt(*a) for out, _ in outputs for a in json.loads(out)]
     assert len(attempts) == len(tokens)
     check_fenced_history(attempts, seen, final)
+
+
+# -- a mark file written around fencegate ------------------------------------------------
+
+
+async def test_a_corrupt_mark_file_answers_503_storage_corrupt_and_changes_nothing(
+    tmp_path: Path, gateway_client: ServeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mark that is not a decimal token is never guessed: every fenced request of the
+    scope answers 503 storage_corrupt naming the key (no traceback, one WARNING),
+    nothing is written, and the scope works again once the mark is repaired."""
+    config = parse_config({"stores": {"files": {"type": "files", "root": str(tmp_path / "r")}}})
+    client: Client = await gateway_client(create_app(config, registry=CollectorRegistry()))
+    url = "/v1/stores/files/docs/a"
+
+    async def take() -> str:
+        grant = await (await client.post("/v1/locks/files/docs/a", json={"ttl_ms": 5000})).json()
+        released = await client.delete(
+            "/v1/locks/files/docs/a", headers={"X-Lease-Id": grant["lease_id"]}
+        )
+        assert released.status == 204
+        return str(grant["token"])
+
+    first = await take()
+    assert (await client.put(url, data=b"one", headers={"X-Fencing-Token": first})).status == 200
+    mark = hidden_path(tmp_path / "r", "marks", "files/docs/a")
+    for garbage in (b"garbage", b"-5", b"", b"12 34"):
+        mark.write_bytes(garbage)
+        caplog.clear()
+        token = await take()
+        for method, data in (("PUT", b"two"), ("DELETE", None), ("GET", None)):
+            response = await client.request(
+                method, url, data=data, headers={"X-Fencing-Token": token}
+            )
+            assert response.status == 503, (garbage, method, await response.text())
+            body = await response.json()
+            assert body["error"] == "storage_corrupt"
+            assert (body["store"], body["key"]) == ("files", "docs/a")
+            assert "'docs/a'" in body["message"]
+            assert "high-water mark of lock 'files/docs/a'" in body["message"]
+            assert "Traceback" not in body["message"]
+        assert (tmp_path / "r" / "docs" / "a").read_bytes() == b"one"  # nothing applied
+        assert mark.read_bytes() == garbage  # and the mark is not rewritten
+        warnings = [r for r in caplog.records if "storage_corrupt" in r.getMessage()
+                    or "corrupt" in r.getMessage()]  # fmt: skip
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once, not per request
+        assert warnings[0].levelname == "WARNING"
+        assert warnings[0].exc_info is None
+    plain = await client.get(url)  # a plain read does not look at the mark
+    assert plain.status == 200
+    assert await plain.read() == b"one"
+    mark.write_bytes(first.encode())  # repaired by hand
+    token = await take()
+    assert (await client.put(url, data=b"two", headers={"X-Fencing-Token": token})).status == 200
+    assert (tmp_path / "r" / "docs" / "a").read_bytes() == b"two"

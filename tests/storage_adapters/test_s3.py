@@ -710,3 +710,47 @@ async def test_increments_through_two_gateway_processes_lose_no_update(
 def test_an_unknown_store_type_names_s3_and_mysql_among_the_types() -> None:
     with pytest.raises(ConfigError, match="'postgres', 'mysql', 'files', 's3'"):
         parse_config({"stores": {"x": {"type": "dynamo"}}})
+
+
+async def test_corrupt_fencing_metadata_answers_503_storage_corrupt_and_changes_nothing(
+    gateway: Client, s3_server: MotoServer, s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Metadata written around the gateway (a token or mark that is not a number) is
+    never guessed: each request of the key answers 503 storage_corrupt naming the key
+    (no traceback, one WARNING), nothing is written; repaired, the key works again."""
+    url = "/v1/stores/s3/docs/c"
+    first = await take(gateway, "s3/docs/c")
+    ok = await gateway.put(url, data=b"one", headers={"X-Fencing-Token": str(first)})
+    assert ok.status == 200
+    raw = s3_server.client()
+    for meta in ({"fencegate-token": str(first), "fencegate-mark": "seven"},
+                 {"fencegate-token": "1.5", "fencegate-mark": str(first)},
+                 {"fencegate-token": str(first), "fencegate-mark": "-3"}):  # fmt: skip
+        raw.put_object(Bucket=s3_bucket, Key="docs/c", Body=b"one", Metadata=meta)
+        caplog.clear()
+        token = str(await take(gateway, "s3/docs/c"))
+        for method, data, headers in (
+            ("PUT", b"two", {"X-Fencing-Token": token}),
+            ("DELETE", None, {"X-Fencing-Token": token}),
+            ("GET", None, {"X-Fencing-Token": token}),
+            ("GET", None, {}),
+        ):
+            body = await error(
+                await gateway.request(method, url, data=data, headers=headers),
+                503,
+                "storage_corrupt",
+            )
+            assert (body["store"], body["key"]) == ("s3", "docs/c")
+            assert "fencing metadata of key 'docs/c'" in body["message"]
+            assert "Traceback" not in body["message"]
+        obj = raw.get_object(Bucket=s3_bucket, Key="docs/c")
+        assert (obj["Body"].read(), obj["Metadata"]) == (b"one", meta)  # nothing applied
+        warnings = [r for r in caplog.records if "corrupt" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once, not per request
+        assert warnings[0].levelname == "WARNING"
+        assert warnings[0].exc_info is None
+    repaired = {"fencegate-token": str(first), "fencegate-mark": str(first)}
+    raw.put_object(Bucket=s3_bucket, Key="docs/c", Body=b"one", Metadata=repaired)
+    token = str(await take(gateway, "s3/docs/c"))
+    assert (await gateway.put(url, data=b"two", headers={"X-Fencing-Token": token})).status == 200
+    assert raw.get_object(Bucket=s3_bucket, Key="docs/c")["Body"].read() == b"two"
