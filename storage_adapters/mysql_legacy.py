@@ -9,7 +9,13 @@ and the token of each key's last accepted write in ``fencegate_legacy_token``
   default on insert); ``null`` stores NULL; an object or array is stored as
   its JSON text (for a JSON column). The server converts each value to its
   column's type in strict mode, so a value the type rejects fails the whole
-  transaction: nothing is written.
+  transaction: nothing is written. Where MySQL would convert a value that
+  PostgreSQL refuses for the same column (its input functions, as
+  ``postgres_legacy``'s ``jsonb_to_record`` applies them), it is refused
+  before any SQL: in an integer column a number whose text has a fraction
+  (``1.5``, ``2.0``; ``1e2`` is 100), a string that is not an integer's
+  text (``"5.5"``, ``"1e2"``), a boolean (but in ``TINYINT(1)``, MySQL's
+  ``BOOLEAN``); in a decimal or float column a boolean.
 * ``get`` body: the row as a JSON object (key column and configured columns),
   rendered by the server's ``JSON_OBJECT`` (numbers stay numbers, dates
   become strings), ``application/json``.
@@ -27,7 +33,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any, Final
 
 from storage_adapters._mysql import (
@@ -60,6 +68,9 @@ _TOKENS_DDL: Final = (
 )
 _INTEGER_BITS: Final = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
 _TEXT_TYPES: Final = frozenset({"char", "varchar"})
+_NUMERIC_TYPES: Final = frozenset({"decimal", "float", "double"})  # NUMERIC, REAL are these
+_INTEGER_TEXT: Final = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+[ \t\n\v\f\r]*")  # int4in's
+_MAX_ADJUSTED: Final = 20  # a number with more integer digits is beyond any integer column
 
 
 def _reject_constant(name: str) -> Any:
@@ -113,6 +124,7 @@ class MysqlLegacyStore(MysqlStoreBase):
         self._key_q = quote_ident(key_column)
         self._integer_key = False
         self._key_form: KeyForm | None = None
+        self._types: dict[str, tuple[str, str]] = {}  # column -> (DATA_TYPE, COLUMN_TYPE)
         self._get_sql = ""
 
     async def _prepare(self, cur: Any) -> None:
@@ -157,7 +169,8 @@ class MysqlLegacyStore(MysqlStoreBase):
         found_columns = await cur.fetchall()
         rows = {r[0]: (str(r[1]).lower(), str(r[2]).lower()) for r in found_columns}
         collations = {r[0]: str(r[3] or "") for r in found_columns}
-        unsigned = {r[0]: "unsigned" in str(r[4]).lower() for r in found_columns}
+        types = {r[0]: str(r[4]).lower() for r in found_columns}
+        unsigned = {c: "unsigned" in t for c, t in types.items()}
         # Single-column unique indexes (and the primary key) on the full column.
         await cur.execute(
             "SELECT INDEX_NAME, MAX(COLUMN_NAME), MAX(SUB_PART) FROM information_schema.STATISTICS"
@@ -195,6 +208,7 @@ class MysqlLegacyStore(MysqlStoreBase):
         if problems:
             raise TableMismatch(self.name, where, problems)
         assert key is not None
+        self._types = {c: (rows[c][0], types[c]) for c in self.columns}
         self._integer_key = key[0] in _INTEGER_BITS
         if self._integer_key:
             self._key_form = integer_range(
@@ -217,7 +231,9 @@ class MysqlLegacyStore(MysqlStoreBase):
     def _parse_body(self, key: str, body: bytes) -> dict[str, Any]:
         """Check the body is a JSON object of writable columns; return column -> bound value."""
         try:
-            doc = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+            doc = json.loads(
+                body.decode("utf-8"), parse_constant=_reject_constant, parse_float=Decimal
+            )
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise BadValue(f"body is not JSON: {exc}", key=key) from exc
         except RecursionError:
@@ -238,7 +254,37 @@ class MysqlLegacyStore(MysqlStoreBase):
                 f" writable columns: {', '.join(map(repr, self.columns))}",
                 key=key,
             )
-        return {c: _bindable(doc[c]) for c in self.columns if c in doc}
+        return {c: _bindable(self._as_postgres(key, c, doc[c])) for c in self.columns if c in doc}
+
+    def _as_postgres(self, key: str, column: str, value: object) -> object:
+        """Refuse what PostgreSQL refuses for a column of this type, where MySQL would
+        convert it (1.5 -> 2, true -> 1 in an INT); a number with a fraction is a float
+        from here on, as JSON numbers were before. Raises ``BadValue``."""
+        data_type, column_type = self._types[column]
+        why = ""
+        if data_type in _INTEGER_BITS:
+            if isinstance(value, bool):
+                if column_type.startswith("tinyint(1)"):  # BOOLEAN: true and false are its values
+                    return int(value)
+                why = "a boolean is not an integer"
+            elif isinstance(value, Decimal):
+                if int(value.as_tuple().exponent) < 0:
+                    why = "a number with a fraction is not an integer"
+                elif value.adjusted() > _MAX_ADJUSTED:
+                    why = "out of range"
+                else:
+                    return int(value)
+            elif isinstance(value, str) and not _INTEGER_TEXT.fullmatch(value):
+                why = "the text is not an integer"
+        elif data_type in _NUMERIC_TYPES and isinstance(value, bool):
+            why = "a boolean is not a number"
+        if why:
+            raise BadValue(
+                f"store {self.name!r} refused the value: column {column!r} is {column_type},"
+                f" and {why}: {_json_text(value)}",
+                key=key,
+            )
+        return float(value) if isinstance(value, Decimal) else value
 
     async def _put(
         self, scope: str, key: str, token: int | None, body: bytes, content_type: str
@@ -322,11 +368,15 @@ class MysqlLegacyStore(MysqlStoreBase):
             raise StoreNotStarted(self.name)
 
 
+def _json_text(value: object) -> str:
+    return str(value) if isinstance(value, Decimal) else json.dumps(value)
+
+
 def _bindable(value: object) -> object:
     """A JSON value as the driver binds it; objects and arrays as their JSON text."""
     if isinstance(value, dict | list):
         try:
-            return json.dumps(value)
+            return json.dumps(value, default=float)  # numbers with a fraction: Decimal
         except RecursionError:  # parsed near the limit, a few frames deeper here
             raise BadValue("body is not JSON: nested too deeply") from None
     if isinstance(value, str):

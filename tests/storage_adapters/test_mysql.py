@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import asyncpg
 import pytest
 
 from storage_adapters import (
@@ -443,3 +444,83 @@ async def test_a_column_dropped_under_a_running_store_is_a_configuration_error(
     assert status_of(refused.value) == 503
     with pytest.raises(StoreMisconfigured, match="note"):
         await accounts.put("accounts/a", "a", 1, b'{"note": "x"}')
+
+
+# -- values PostgreSQL refuses are refused here too --------------------------------------------
+
+# The same columns on both servers; PostgreSQL converts a JSON value with the column's
+# input function (jsonb_to_record), MariaDB would round 1.5 into an INT and take true as 1.
+TYPED_PG = ("id text PRIMARY KEY, i integer, s smallint, b bigint, d numeric(12,2),"
+            " f double precision, t text")  # fmt: skip
+TYPED_MYSQL = (
+    "CREATE TABLE typed (id VARCHAR(9) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY,"
+    " i INT, s SMALLINT, b BIGINT, d DECIMAL(12,2), f DOUBLE, t VARCHAR(40), flag BOOLEAN)"
+    " ENGINE=InnoDB"
+)
+TYPED_COLUMNS = ("i", "s", "b", "d", "f", "t")
+TYPED_BODIES = (
+    # integer columns: a number with a fraction in its text, a bool, a string that is
+    # not an integer's text: refused; an exponent that leaves no fraction is an integer
+    '{"i": 1.5}', '{"i": 2.0}', '{"i": 100.00}', '{"i": 1.50e1}', '{"i": true}',
+    '{"i": false}', '{"i": "5.0"}', '{"i": "5.5"}', '{"i": "1e2"}', '{"i": "abc"}',
+    '{"i": 1e2}', '{"i": 1.0e1}', '{"i": 7}', '{"i": -0}', '{"i": "5"}', '{"i": " 5 "}',
+    '{"i": "+5"}', '{"i": "-12"}', '{"i": null}', '{"s": 2.5}', '{"s": true}',
+    '{"b": 9.75}', '{"b": true}', '{"b": 9223372036854775807}',
+    # decimal and float columns: bools refused, fractions kept or rounded
+    '{"d": true}', '{"d": 1.555}', '{"d": "5.0"}', '{"d": 1e2}', '{"f": true}',
+    '{"f": false}', '{"f": 1.5}', '{"f": "2.5"}',
+    # text: numbers and bools are text
+    '{"t": 1.5}', '{"t": true}', '{"t": "x"}',
+)  # fmt: skip
+
+
+async def _outcome(store: Any, token: int, body: str) -> int | str | None:
+    """The integer value read back from the column written, or "refused"."""
+    column = next(iter(json.loads(body)))
+    try:
+        await store.put("s", "k1", token, body.encode())
+    except BadValue:
+        return "refused"
+    row = json.loads((await store.get("s", "k1", None)).body)
+    value = row[column]
+    return value if column in ("i", "s", "b") else None
+
+
+async def test_a_value_postgresql_refuses_for_its_column_is_refused_here_too(
+    mysql_dsn: str, pg_dsn: str, pg_schema: str
+) -> None:
+    """Each body against the same table on PostgreSQL and on MariaDB: refused (400
+    bad_request, BadValue) on one exactly when on the other, and an integer column
+    reads back the same number where both accept it."""
+    from storage_adapters import PostgresLegacyStore
+
+    await sql(mysql_dsn, TYPED_MYSQL)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f'CREATE TABLE "{pg_schema}".typed ({TYPED_PG})')
+    finally:
+        await conn.close()
+    pg = PostgresLegacyStore("typed", pg_dsn, schema=pg_schema, table="typed", key_column="id",
+                             columns=TYPED_COLUMNS, pool_max=2)  # fmt: skip
+    my = MysqlLegacyStore("typed", mysql_dsn, table="typed", key_column="id",
+                          columns=(*TYPED_COLUMNS, "flag"), pool_max=2)  # fmt: skip
+    differ = []
+    async with pg, my:
+        for token, body in enumerate(TYPED_BODIES, start=1):
+            want, got = await _outcome(pg, token, body), await _outcome(my, token, body)
+            if want != got:
+                differ.append(f"{body}: postgresql {want!r}, mariadb {got!r}")
+        assert not differ, "\n".join(differ)
+        refused = [b for b in TYPED_BODIES if await _outcome(pg, 1000, b) == "refused"]
+        assert len(refused) == 17, refused  # the list is not all one way
+        # MySQL's BOOLEAN is TINYINT(1): true and false are its values (as PostgreSQL's
+        # boolean takes them), a fraction is not
+        await my.put("k2", "k2", 1, b'{"flag": true, "t": "kept"}')
+        assert json.loads((await my.get("k2", "k2", None)).body)["flag"] == 1
+        with pytest.raises(BadValue, match="'flag'"):
+            await my.put("k2", "k2", 2, b'{"flag": 1.5}')
+        # a refused value writes nothing, not even the other columns or the mark
+        with pytest.raises(BadValue, match=r"column 'i'.*1\.5"):
+            await my.put("k2", "k2", 9, b'{"t": "changed", "i": 1.5}')
+        await my.put("k2", "k2", 3, b'{"f": 0.5}')  # token 3 < 9: the mark was not raised
+        assert json.loads((await my.get("k2", "k2", None)).body)["t"] == "kept"

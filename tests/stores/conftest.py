@@ -135,6 +135,7 @@ LEGACY_BAD_BODIES = (
     b'{"balance": null}',  # NOT NULL
     b'{"balance": 123456789012345678901234567890}',  # beyond DECIMAL(12,2)
     b'{"balance": 1e400}',  # beyond any float
+    b'{"balance": true}',  # PostgreSQL's numeric refuses it; MySQL would store 1.00
 )
 
 
