@@ -13,10 +13,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.app import create_app
 from lockservice import LockManager, QuorumUnavailable
+from tests._gateway import ServeClient
 from tests._servers import RedisNode
 from tests.faults.conftest import Connect, node_connected, wait_until
+from tests.gateway.conftest import make_config
 
 pytestmark = pytest.mark.faults
 
@@ -106,3 +110,49 @@ async def test_semaphore_acquire_without_a_majority_fails_at_once_whatever_its_w
     took = loop.time() - start
     assert not failed.value.majority
     assert took / wait < 0.1, took
+
+
+async def test_over_http_the_wait_is_kept_then_the_answer_is_200_or_503(
+    own_redis3: list[RedisNode], gateway_client: ServeClient
+) -> None:
+    """The routes as a client sees them: with one node paused, ``POST /v1/semaphores``
+    with ``wait_ms`` answers 200 once the node is back within it, and 503
+    ``quorum_unavailable`` after about ``wait_ms`` when it is not."""
+    config = make_config(lock_urls=[n.url for n in own_redis3])
+    client = await gateway_client(create_app(config, registry=CollectorRegistry()))
+    loop = asyncio.get_running_loop()
+    url = "/v1/semaphores/sem/http"
+
+    async def free() -> bool:  # a new cluster may hold a node in quarantine at first
+        response = await client.post(url, json={"permits": PERMITS, "ttl_ms": 1500})
+        if response.status != 200:
+            return False
+        lease = await response.json()
+        gone = await client.delete(url, headers={"X-Lease-Id": lease["lease_id"]})
+        return gone.status == 204
+
+    await wait_until(free, 10.0, "semaphores granted")
+    wait_ms = 2000
+    own_redis3[0].pause()
+    try:
+        start = loop.time()
+        body = {"permits": PERMITS, "ttl_ms": 1500, "wait_ms": wait_ms}
+        refused = await client.post(url, json=body)
+        took = loop.time() - start
+    finally:
+        own_redis3[0].resume()
+    answer = await refused.json()
+    assert (refused.status, answer["error"]) == (503, "quorum_unavailable"), answer
+    assert "a semaphore needs every node" in answer["message"]
+    assert 1.0 <= took / (wait_ms / 1000) < 1.75, took
+    await wait_until(free, 10.0, "the resumed node counts again")
+    own_redis3[0].pause()
+    try:
+        pending = asyncio.create_task(client.post(url, json={**body, "wait_ms": 8000}))
+        await asyncio.sleep(1.0)
+        assert not pending.done()
+    finally:
+        own_redis3[0].resume()
+    granted = await pending
+    assert granted.status == 200, await granted.text()
+    assert (await granted.json())["permits"] == PERMITS
