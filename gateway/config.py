@@ -48,7 +48,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from gateway._sources import (
     AUTH_KEY_KEYS,
@@ -479,8 +479,10 @@ def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
         problem = _mysql_dsn_problem(dsn)
         if problem:
             r.fail(f"{where}.dsn", dsn, problem)
-    elif dsn is None or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
-        r.fail(f"{where}.dsn", dsn, "a postgres store needs dsn = 'postgresql://...'")
+    else:
+        problem = _postgres_dsn_problem(dsn)
+        if problem:
+            r.fail(f"{where}.dsn", dsn, problem)
     table = r.string(t, "table", f"{where}.table")
     key_column = r.string(t, "key_column", f"{where}.key_column")
     columns = r.strings(t, "columns", f"{where}.columns")
@@ -528,7 +530,13 @@ def _parse_s3(r: Reader, name: str, t: Mapping[str, Any], fencing: Fencing) -> S
         )
     endpoint = r.string(t, "endpoint", f"{where}.endpoint")
     if endpoint is not None:
-        parts = urlsplit(endpoint)
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # noqa: B018  # raises ValueError for a bad port
+        except ValueError as exc:
+            r.fail(
+                f"{where}.endpoint", redact(endpoint), f"must be an http:// or https:// URL ({exc})"
+            )
         if parts.scheme not in ("http", "https") or not parts.hostname:
             r.fail(f"{where}.endpoint", redact(endpoint), "must be an http:// or https:// URL")
     region = r.string(t, "region", f"{where}.region") or "us-east-1"
@@ -557,6 +565,37 @@ def _parse_s3(r: Reader, name: str, t: Mapping[str, Any], fencing: Fencing) -> S
         access_key_id=key_id,
         secret_access_key=secret,
     )
+
+
+def _postgres_dsn_problem(dsn: str | None) -> str | None:
+    """What is wrong with a postgres store's DSN (None when nothing is).
+
+    asyncpg parses the DSN only when the store starts, and a malformed port there is a
+    ``ValueError`` out of its parser, not a connection error: check what it would choke on.
+    """
+    needs = "a postgres store needs dsn = 'postgresql://...'"
+    if dsn is None:
+        return needs
+    try:
+        parts = urlsplit(dsn)
+    except ValueError as exc:
+        return f"{needs} ({exc})"
+    if parts.scheme not in ("postgresql", "postgres"):
+        return needs
+    # libpq's host list: host[:port][,host[:port]...]; the ports of ?port= count too.
+    ports = [_pg_port(spec) for spec in parts.netloc.rpartition("@")[2].split(",")]
+    ports += [p for q in parse_qs(parts.query).get("port", []) for p in q.split(",")]
+    for port in ports:
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            return f"{needs} (port {port!r} is not a number from 1 to 65535)"
+    return None
+
+
+def _pg_port(spec: str) -> str:
+    """The port of one ``host[:port]`` of a DSN's host list ('' when none is given)."""
+    if spec.startswith("["):  # [IPv6]:port
+        return spec.partition("]")[2].removeprefix(":")
+    return spec.partition(":")[2]
 
 
 def _mysql_dsn_problem(dsn: str | None) -> str | None:

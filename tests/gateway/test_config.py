@@ -190,6 +190,20 @@ def test_mysql_stores_parse() -> None:
         ({"stores": {"kv": {"type": "postgres"}}}, ["'stores.kv.dsn'", "dsn"]),
         ({"stores": {"kv": {"type": "postgres", "dsn": "mysql://u:hunter2@h/d"}}},
          ["'stores.kv.dsn'", "***"]),
+        ({"stores": {"kv": {"type": "postgres", "dsn": "postgresql://u:hunter2@h:notaport/d"}}},
+         ["'stores.kv.dsn'", "***", "'notaport'"]),
+        ({"stores": {"kv": {"type": "postgres", "dsn": "postgresql://h1:5432,h2:x/d"}}},
+         ["'stores.kv.dsn'", "'x'"]),
+        ({"stores": {"kv": {"type": "postgres", "dsn": "postgresql://h:99999/d"}}},
+         ["'stores.kv.dsn'", "'99999'"]),
+        ({"stores": {"kv": {"type": "postgres", "dsn": "postgresql://h/d?port=abc"}}},
+         ["'stores.kv.dsn'", "'abc'"]),
+        ({"stores": {"kv": {"type": "postgres", "dsn": "postgresql://u@[::1:5432/d"}}},
+         ["'stores.kv.dsn'", "IPv6"]),
+        ({"stores": {"m": {"type": "s3", "bucket": "media", "endpoint": "http://[::1:9000"}}},
+         ["'stores.m.endpoint'", "IPv6"]),
+        ({"stores": {"m": {"type": "s3", "bucket": "media", "endpoint": "http://h:notaport"}}},
+         ["'stores.m.endpoint'", "notaport"]),
         ({"stores": {"kv": {"type": "files"}}}, ["'stores.kv.root'"]),
         ({"stores": {"kv": {"type": "files", "root": "/x", "dsn": "postgresql://h/d"}}},
          ["'stores.kv.dsn'", "postgres"]),
@@ -240,6 +254,19 @@ def test_a_dsn_password_is_never_printed() -> None:
     config = parse_config({"stores": {"kv": {"type": "postgres", "dsn": dsn}}})
     assert "hunter2" not in config.stores["kv"].describe()
     assert "hunter2" not in repr(config)
+
+
+def test_postgres_dsns_that_asyncpg_takes_pass() -> None:
+    # A host list, IPv6 hosts, no port, a unix socket directory: what libpq's URIs allow.
+    for dsn in (
+        "postgresql://u:p@h1:5432,h2/db",
+        "postgresql://[::1]:5432/db",
+        "postgresql://[::1]/db",
+        "postgres://h/db?port=5433",
+        "postgresql:///db?host=/run/postgresql",
+    ):
+        config = parse_config({"stores": {"kv": {"type": "postgres", "dsn": dsn}}})
+        assert config.stores["kv"].dsn == dsn
 
 
 def test_remote_listen_is_allowed_with_auth_or_allow_remote() -> None:
