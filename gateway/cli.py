@@ -4,7 +4,7 @@
 
     fencegate serve [--config F] [--listen H:P] [--workers N]
                     [--redis URL ... | --group URL,URL,URL ...]
-    fencegate check-config F | --config F
+    fencegate check-config [F | --config F]              (default: $FENCEGATE_CONFIG)
     fencegate lock NAME [--ttl-ms N] [--wait-ms N] [--shared] [--idempotency-key K]
     fencegate semaphore NAME --permits N [--ttl-ms N] [--wait-ms N] [--idempotency-key K]
     fencegate renew NAME --lease-id ID [--semaphore]    fencegate status NAME
@@ -116,10 +116,17 @@ def _check_config(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError, load_config
     from gateway.tls import server_ssl_context
 
-    if (args.file is None) == (args.config_file is None):
+    if args.file is not None and args.config_file is not None:
         print("fencegate check-config: give the config file once: F or --config F", file=sys.stderr)
         return USAGE
-    args.file = args.file or args.config_file
+    # As serve, pg and groups take it: the argument, else $FENCEGATE_CONFIG.
+    args.file = args.file or args.config_file or os.environ.get("FENCEGATE_CONFIG") or None
+    if args.file is None:
+        print(
+            "fencegate check-config: give the config file: F or --config F (or FENCEGATE_CONFIG)",
+            file=sys.stderr,
+        )
+        return USAGE
     try:
         config = load_config(args.file, env=os.environ)
         if config.tls is not None:
@@ -410,7 +417,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="gateway processes on the one address (default: workers, 1; 0: one per core); "
-        "more than one needs [locks] redis",
+        "more than one needs [locks] redis or groups",
     )
     serve.set_defaults(handler=_serve)
 
@@ -421,7 +428,7 @@ def _parser() -> argparse.ArgumentParser:
         dest="config_file",
         metavar="F",
         default=None,
-        help="the TOML file, as serve and pg take it",
+        help="the TOML file, as serve and pg take it ($FENCEGATE_CONFIG)",
     )
     check.set_defaults(handler=_check_config)
     add_pg_parser(sub)

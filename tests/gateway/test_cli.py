@@ -34,8 +34,9 @@ def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_check_config_takes_the_file_as_config_option_too(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("FENCEGATE_CONFIG", raising=False)
     path = tmp_path / "ok.toml"
     path.write_text('listen = "127.0.0.1:9999"\n')
     assert main(["check-config", "--config", str(path)]) == 0
@@ -43,6 +44,20 @@ def test_check_config_takes_the_file_as_config_option_too(
     assert main(["check-config", "--config", str(path), str(path)]) == 2
     assert main(["check-config"]) == 2
     assert "F or --config F" in capsys.readouterr().err
+
+
+def test_check_config_reads_fencegate_config_as_serve_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve, pg and groups take the file from $FENCEGATE_CONFIG; check-config checks that file.
+    path = tmp_path / "env.toml"
+    path.write_text('listen = "127.0.0.1:9998"\n')
+    monkeypatch.setenv("FENCEGATE_CONFIG", str(path))
+    assert main(["check-config"]) == 0
+    assert capsys.readouterr().out.startswith(f"ok: {path}: listen 127.0.0.1:9998")
+    path.write_text('listen = "nowhere"\n')
+    assert main(["check-config"]) == 1
+    assert "'listen'" in capsys.readouterr().err
 
 
 def test_check_config_of_deeply_nested_toml_is_one_line(
