@@ -274,7 +274,10 @@ def check_base_url(base_url: str) -> str:
     url = base_url.strip().rstrip("/")
     try:
         parts = urlsplit(url)
-    except ValueError:
+        parts.port  # noqa: B018  # raises ValueError for a port outside 0-65535
+    except ValueError as exc:
+        if "port" in str(exc).lower():
+            raise ValueError(f"gateway url {base_url!r} has a bad port: {exc}") from exc
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         hint = f"; did you mean 'http://{url}'?" if "://" not in url and url else ""

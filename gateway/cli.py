@@ -324,13 +324,19 @@ async def _status(client: FencegateClient, args: argparse.Namespace) -> object:
 
 
 def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:  # a usage error, said in one line (ValueError: exit 2)
+        raise ValueError(f"--file: cannot read {path!r}: {exc.strerror or exc}") from exc
 
 
 def _write_file(path: str, body: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(body)
+    try:
+        with open(path, "wb") as f:
+            f.write(body)
+    except OSError as exc:
+        raise ValueError(f"--output: cannot write {path!r}: {exc.strerror or exc}") from exc
 
 
 async def _put(client: FencegateClient, args: argparse.Namespace) -> object:

@@ -52,6 +52,13 @@ def test_a_url_without_a_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[s
     assert status == 2
     assert "did you mean 'http://localhost:8080'" in err
     assert err.count("\n") == 1
+    for url in ("http://127.0.0.1:99999", "http://127.0.0.1:port"):
+        status, _, err = run(capsys, "status", "x", "--url", url)
+        assert status == 2
+        assert err.startswith(
+            f"fencegate: --url (or FENCEGATE_URL): gateway url '{url}' has a bad port"
+        )
+        assert err.count("\n") == 1
 
 
 def test_a_lock_name_ending_in_renew_is_refused_by_name(
@@ -99,6 +106,41 @@ async def test_put_without_token_names_the_option_and_get_json_keeps_binary_bodi
     reply = json.loads(out)
     assert "body" not in reply
     assert base64.b64decode(reply["body_base64"]) == body.read_bytes()
+
+
+async def test_a_file_that_cannot_be_read_or_written_is_one_line_not_a_traceback(
+    start: Start, files_root: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import asyncio
+
+    url = await served(start, files_root)
+    key = ["--url", url, "--api-key", API_KEYS["admin"]]
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        return run(capsys, *argv, *key)
+
+    for unreadable in (tmp_path / "missing.bin", tmp_path):  # no such file; a directory
+        status, _, err = await asyncio.to_thread(
+            cli, "put", "files", "k", "--token", "5", "--file", str(unreadable)
+        )
+        assert status == 2, err
+        assert err.startswith(f"fencegate: --file: cannot read '{unreadable}': "), err
+        assert err.count("\n") == 1, err
+    status, out, _ = await asyncio.to_thread(cli, "lock", "files/k", "--json")
+    token = str(json.loads(out)["token"])
+    body = tmp_path / "body.txt"
+    body.write_bytes(b"hello")
+    status, _, _ = await asyncio.to_thread(
+        cli, "put", "files", "k", "--token", token, "--file", str(body)
+    )
+    assert status == 0
+    for unwritable in (tmp_path / "no" / "such" / "dir", tmp_path):
+        status, _, err = await asyncio.to_thread(
+            cli, "get", "files", "k", "--output", str(unwritable)
+        )
+        assert status == 2, err
+        assert f"fencegate: --output: cannot write '{unwritable}': " in err, err
+        assert "Traceback" not in err
 
 
 async def test_an_acquire_body_on_the_renew_route_says_what_the_route_is(
