@@ -242,9 +242,21 @@ class Groups:
     async def inspect(self, name: str) -> LockInfo:
         infos = await asyncio.gather(*(g.inspect(name) for g in self.route(name)))
         held = [i for i in infos if i.held]
-        if held:
-            return LockInfo(name, True, max(i.token for i in held), max(i.ttl for i in held))
-        return LockInfo(name, False, max(i.token for i in infos), 0.0)
+        if not held:
+            return LockInfo(name, False, max(i.token for i in infos), 0.0)
+        # During a change a moved name's leases hold both groups (or one, taken through
+        # an old or new gateway): the newest grant says the mode, and the larger count
+        # of holders is the one both groups' holders include.
+        newest = max(held, key=lambda i: i.token)
+        return LockInfo(
+            name,
+            True,
+            newest.token,
+            max(i.ttl for i in held),
+            newest.mode,
+            max(i.holders for i in held),
+            max(i.permits for i in held),
+        )
 
     async def issued(self, name: str) -> int:
         return max(await asyncio.gather(*(g.issued(name) for g in self.route(name))))

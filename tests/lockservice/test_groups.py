@@ -367,6 +367,30 @@ async def test_inspect_and_issued_of_a_moved_name_cover_both_groups(
     assert await changing.issued(name) == lease.token
 
 
+@pytest.mark.parametrize("change", [False, True], ids=["groups", "changing"])
+async def test_inspect_over_groups_says_mode_holders_and_permits(
+    groups: dict[str, GroupSpec], managers: Managers, change: bool
+) -> None:
+    """As over one group (GET /v1/locks/{name} shows them): found by the audit, where
+    every held name read as mode '' with 0 holders under [locks] groups."""
+    a, b = groups["a"], groups["b"]
+    mgr = await managers.make([a, b], previous=[a] if change else ())
+    names = [n for n in NAMES if owner(n, ["a", "b"]) == "b"][:3]
+    excl = await mgr.acquire(names[0], ttl=MAX_TTL)
+    shared = [await mgr.acquire(names[1], ttl=MAX_TTL, mode="shared") for _ in range(2)]
+    sems = [await mgr.acquire_semaphore(names[2], 3, ttl=MAX_TTL) for _ in range(2)]
+    seen = [await mgr.inspect(n) for n in names]
+    assert [(i.held, i.mode, i.holders, i.permits) for i in seen] == [
+        (True, "exclusive", 1, 0),
+        (True, "shared", 2, 0),
+        (True, "semaphore", 2, 3),
+    ]
+    assert [i.token for i in seen] == [excl.token, shared[1].token, sems[1].token]
+    for lease in (excl, *shared, *sems):
+        await mgr.release(lease)
+    assert (await mgr.inspect(names[0])).mode == ""
+
+
 @pytest.mark.parametrize("new_id", ["b", "c"])
 async def test_a_changing_gateways_token_is_raised_in_both_groups(
     groups: dict[str, GroupSpec], managers: Managers, new_id: str
