@@ -35,7 +35,11 @@ def add_parser(subparsers: Any) -> None:
         "carry",
         help="copy moved names' counters into their new groups, wait out old leases",
     )
-    p.add_argument("--config", default=os.environ.get("FENCEGATE_CONFIG"), help="TOML file")
+    p.add_argument(
+        "--config",
+        default=os.environ.get("FENCEGATE_CONFIG"),
+        help="TOML file, the change config ($FENCEGATE_CONFIG)",
+    )
     p.set_defaults(handler=_carry)
 
 

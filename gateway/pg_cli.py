@@ -35,7 +35,11 @@ def add_parser(subparsers: Any) -> None:
         ("uninstall-fencing", "remove the fencing trigger (the data stays)"),
     ):
         p = verbs.add_parser(name, help=help)
-        p.add_argument("--config", default=os.environ.get("FENCEGATE_CONFIG"), required=False)
+        p.add_argument(
+            "--config",
+            default=os.environ.get("FENCEGATE_CONFIG"),
+            help="the gateway's TOML file ($FENCEGATE_CONFIG)",
+        )
         p.add_argument("--store", required=True, help="a [stores.NAME] with table = ...")
         if name == "install-fencing":
             mode = p.add_mutually_exclusive_group()

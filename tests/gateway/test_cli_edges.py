@@ -47,6 +47,15 @@ def test_client_options_have_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "lease_id printed by" in renew_help
 
 
+def test_every_config_option_says_it_defaults_to_fencegate_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # serve, check-config, pg and groups all fall back to $FENCEGATE_CONFIG: each says so.
+    for verb in (["serve"], ["check-config"], ["pg", "install-fencing"], ["groups", "carry"]):
+        _, out, _ = run(capsys, *verb, "--help")
+        assert "$FENCEGATE_CONFIG" in " ".join(out.split()), verb
+
+
 def test_a_url_without_a_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(capsys, "status", "x", "--url", "localhost:8080")
     assert status == 2
