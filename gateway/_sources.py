@@ -154,7 +154,8 @@ class Reader:
                 "no": False,
             }.get(value.strip().lower(), value)
         if not isinstance(value, bool):
-            self.fail(path, value, "must be true or false")
+            env = path in self.origins
+            self.fail(path, value, "must be true or false" + (" (or 1/0, yes/no)" if env else ""))
         return value
 
     def address(self, t: Mapping[str, Any], key: str) -> tuple[str, int] | None:

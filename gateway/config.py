@@ -404,6 +404,8 @@ def _parse_groups(r: Reader, t: Mapping[str, Any], key: str) -> tuple[GroupSpec,
     raw = t.get(key, [])
     if not isinstance(raw, list):
         r.fail(path, raw, "must be a list of groups: [[urls], [urls], ...]")
+    if key == "groups" and key in t and not raw:  # the in-process backend otherwise
+        r.fail(path, raw, "is empty: list at least one group, or leave the key out")
     specs: list[GroupSpec] = []
     for i, item in enumerate(raw):
         where = f"{path}[{i}]"

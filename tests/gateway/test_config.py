@@ -286,6 +286,10 @@ def test_environment_errors_name_the_variable() -> None:
         load_config(None, env={"FENCEGATE_LOCKS_REDIS_URLS": "redis://x"})
     with pytest.raises(ConfigError, match="FENCEGATE_STORES_KV"):
         load_config(None, env={"FENCEGATE_STORES_KV": "x"})
+    # a boolean variable takes 1/0 and yes/no too, and its error says so
+    assert load_config(None, env={"FENCEGATE_STRICT_START": "yes"}).strict_start is True
+    with pytest.raises(ConfigError, match=r"true or false \(or 1/0, yes/no\)"):
+        load_config(None, env={"FENCEGATE_STRICT_START": "maybe"})
 
 
 def test_file_errors(tmp_path: Path) -> None:

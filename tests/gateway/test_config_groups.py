@@ -41,6 +41,10 @@ def test_groups_from_the_environment_and_the_command_line() -> None:
     assert load_config(None, env=env).locks.previous_groups[0].urls == tuple(A)
     locks = load_config(None, overrides={"locks.groups": [B]}).locks
     assert locks.groups[0].urls == tuple(B)
+    with pytest.raises(ConfigError, match="is empty"):  # not the in-process backend
+        load_config(None, env={"FENCEGATE_LOCKS_GROUPS": ";"})
+    # no change of groups under way: previous_groups may be an empty list
+    assert parse_config({"locks": {"groups": [A], "previous_groups": []}}).locks.groups
 
 
 @pytest.mark.parametrize(
@@ -55,6 +59,7 @@ def test_groups_from_the_environment_and_the_command_line() -> None:
         ({"groups": [{"id": "x", "redis": A}, {"id": "x", "redis": B}]}, ["same id"]),
         ({"groups": [{"id": "x", "nodes": A}]}, ["'locks.groups[0].nodes'", "unknown"]),
         ({"groups": "redis://a"}, ["'locks.groups'", "list of groups"]),
+        ({"groups": []}, ["'locks.groups'", "is empty"]),
         ({"groups": [["redis://a:1/x"]]}, ["'locks.groups[0]'", "database"]),
         ({"previous_groups": [A]}, ["'locks.previous_groups'", "needs locks.groups"]),
         ({"groups": [A, B], "previous_groups": [B, A]}, ["equals the groups"]),
