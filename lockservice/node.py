@@ -21,10 +21,20 @@ import random
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from lockservice import scripts
-from lockservice.resp import Connection, Reply, is_failure, open_connection, pack_script
+from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
+from lockservice.resp import (
+    Connection,
+    Reply,
+    Retry,
+    is_failure,
+    open_connection,
+    pack_command,
+    pack_script,
+)
 
 __all__ = ["Connected", "Inbox", "Message", "Node", "NodeAddress", "Replay", "parse_node_url"]
 
@@ -141,6 +151,10 @@ class Node:
         self.refused: str | None = None  # why the node is left out, e.g. its eviction policy
         self.problem: str | None = None  # why it is not connected (logged once per change)
         self.stall_after = max(1.0, 5 * timeout)
+        # Whether the scripts run as FCALL of the library (Redis 7) or EVALSHA, decided
+        # at each connect; why not (logged once per change), None while they do.
+        self.functions = False
+        self.no_functions: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -172,7 +186,7 @@ class Node:
         self,
         *args: bytes | str | int,
         later: bool = False,
-        noscript: tuple[bytes | str | int, ...] | None = None,
+        noscript: Retry = None,
     ) -> asyncio.Future[Reply]:
         conn = self._conn
         if conn is None or conn.closed:
@@ -199,8 +213,11 @@ class Node:
         *,
         later: bool = False,
     ) -> asyncio.Future[Reply]:
-        """EVALSHA ``script``; on NOSCRIPT, EVAL its source (which caches it again).
+        """FCALL ``script``'s function, or EVALSHA it on a node without functions.
 
+        A missing script is loaded and run once more, on the same future: FCALL
+        answered "Function not found" is sent again after the library's load,
+        EVALSHA answered NOSCRIPT becomes EVAL of its source (``Connection.send``).
         ``later``: see ``Connection.send``; with ``batch_writes`` every call is
         ``later``. The nodes of a fan-out share one ``keys`` tuple: packed once for
         all of them (``pack_script``).
@@ -210,8 +227,11 @@ class Node:
             return self._unsent()
         keys = keys if isinstance(keys, tuple) else tuple(keys)
         args = args if isinstance(args, tuple) else tuple(args)
+        if conn.load_library is not None:
+            packed = pack_script(b"FCALL", script.function, keys, args)
+            return conn.send_packed(packed, later=later or self.batch_writes, noscript=packed)
         return conn.send_packed(
-            pack_script(script.sha, keys, args),
+            pack_script(b"EVALSHA", script.sha, keys, args),
             later=later or self.batch_writes,
             noscript=(b"EVAL", script.source, len(keys), *keys, *args),
         )
@@ -244,8 +264,13 @@ class Node:
         try:
             conn = await self._open()
             async with asyncio.timeout(max(self.timeout * 4, 0.5)):
-                server, memory = await asyncio.gather(
-                    conn.send("INFO", "server"), conn.send("INFO", "memory")
+                # The library's load and a read-only call of it go along: on a server
+                # before Redis 7, or a user without FUNCTION or FCALL, they fail alike.
+                server, memory, loaded, called = await asyncio.gather(
+                    conn.send("INFO", "server"),
+                    conn.send("INFO", "memory"),
+                    conn.send_packed(_LOAD_LIBRARY),
+                    conn.send_packed(_PROBE),
                 )
         except BaseException as exc:  # cancelled too (close() during a reconnect): no leak
             if conn is not None:
@@ -279,8 +304,7 @@ class Node:
         if restarted:
             log.warning("redis node %s restarted (run_id changed): resyncing it", self.label)
         self.run_id = run_id
-        for script in scripts.ALL:
-            conn.send("SCRIPT", "LOAD", script.source)
+        self._use_functions(conn, _info_field(server, "redis_version"), loaded, called)
         self._conn = conn
         if report:
             self._inbox.put_nowait(Connected(self.index, restarted))
@@ -290,6 +314,33 @@ class Node:
             self.stall_after, self._inbox.put_nowait, Replay(self.index)
         )
         return True
+
+    def _use_functions(
+        self, conn: Connection, version: str | None, loaded: Reply, called: Reply
+    ) -> None:
+        """FCALL the library when a function of it answered, else EVALSHA the scripts.
+
+        The call tells: on a node over maxmemory FUNCTION LOAD is refused, yet the
+        library loaded before (by this gateway or another of this version) serves.
+        """
+        if not is_failure(called):
+            conn.load_library = _LOAD_LIBRARY
+            if self.no_functions is not None:
+                log.info("redis node %s: lock scripts run as functions again", self.label)
+            self.functions, self.no_functions = True, None
+            return
+        major = int(version.split(".")[0]) if version and version[0].isdigit() else 0
+        if major < 7:
+            why = f"redis {version} has no functions (7.0 or later)"
+        elif is_failure(loaded) and "already exists" not in str(loaded):
+            why = f"FUNCTION LOAD refused: {loaded!s}"
+        else:
+            why = f"FCALL refused: {called!s}"
+        if why != self.no_functions:
+            log.info("redis node %s: lock scripts run as EVALSHA: %s", self.label, why)
+        self.functions, self.no_functions = False, why
+        for script in scripts.ALL:
+            conn.send("SCRIPT", "LOAD", script.source)
 
     async def _connect_subscriber(self) -> bool:
         try:
@@ -336,6 +387,12 @@ class Node:
             else:
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 1.0)
+
+
+# FUNCTION LOAD without REPLACE: a library of this name holds this very code.
+_LOAD_LIBRARY: Final = pack_command(b"FUNCTION", b"LOAD", scripts.LIBRARY)
+# state.lua, read only (`no-writes`), as the probe that FCALL is allowed.
+_PROBE: Final = pack_script(b"FCALL", scripts.STATE.function, (SYNCED_KEY, QUARANTINE_KEY), ("",))
 
 
 def _info_field(info: Reply, field: str) -> str | None:

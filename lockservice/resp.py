@@ -22,7 +22,16 @@ from typing import TypeAlias, cast
 
 import hiredis
 
-__all__ = ["Connection", "Reply", "ReplyError", "is_failure", "open_connection", "pack_script"]
+__all__ = [
+    "Connection",
+    "Reply",
+    "ReplyError",
+    "Retry",
+    "is_failure",
+    "open_connection",
+    "pack_command",
+    "pack_script",
+]
 
 ReplyError = hiredis.ReplyError
 # What a command's future resolves to: a RESP value, an error reply, or a lost
@@ -35,6 +44,11 @@ def _pack(args: tuple[bytes | str | int, ...]) -> bytes:
     return packed
 
 
+def pack_command(*args: bytes | str | int) -> bytes:
+    """One command packed as RESP, to send with ``Connection.send_packed``."""
+    return _pack(args)
+
+
 def _body(args: tuple[bytes | str | int, ...]) -> bytes:
     """``args`` packed without the ``*<count>`` line that starts a command."""
     if not args:
@@ -43,30 +57,42 @@ def _body(args: tuple[bytes | str | int, ...]) -> bytes:
     return packed[packed.index(b"\r\n") + 2 :]
 
 
-# The last (script sha, keys, packed EVALSHA sha numkeys keys...): the nodes of one
-# fan-out get one script with the same keys (one tuple, built once per fan-out) and
-# arguments that may differ (a node's run id), so the part before the arguments is
-# packed once per fan-out rather than once per node. hiredis formats every argument
-# with sprintf: packing is most of the client's own work for a command. One tuple,
-# replaced whole: a loop in another thread sees an old entry or a new one, never half.
-_last_head: tuple[bytes, tuple[bytes | str, ...], bytes] = (b"", (), b"")
+# The last (script name, keys, packed head, command): the nodes of one fan-out get one
+# script with the same keys (one tuple, built once per fan-out) and arguments that may
+# differ (a node's run id), so the part before the arguments is packed once per
+# fan-out rather than once per node. hiredis formats every argument with sprintf:
+# packing is most of the client's own work for a command. One tuple, replaced whole:
+# a loop in another thread sees an old entry or a new one, never half.
+_last_head: tuple[bytes, tuple[bytes | str, ...], bytes, bytes] = (b"", (), b"", b"")
 
 
 def pack_script(
-    sha: bytes, keys: tuple[bytes | str, ...], args: tuple[bytes | str | int, ...]
+    command: bytes,
+    name: bytes,
+    keys: tuple[bytes | str, ...],
+    args: tuple[bytes | str | int, ...],
 ) -> bytes:
-    """``EVALSHA sha len(keys) *keys *args`` packed as RESP, as ``hiredis.pack_command``."""
+    """``command name len(keys) *keys *args`` packed as RESP, as ``hiredis.pack_command``.
+
+    ``command``: EVALSHA (``name`` the script's SHA1) or FCALL (its function's name).
+    """
     global _last_head
     last = _last_head
-    if last[1] is keys and last[0] is sha:
+    if last[1] is keys and last[0] is name and last[3] is command:
         head = last[2]
     else:
-        head = _body((b"EVALSHA", sha, len(keys), *keys))
-        _last_head = (sha, keys, head)
+        head = _body((command, name, len(keys), *keys))
+        _last_head = (name, keys, head, command)
     return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), head, _body(args)))
 
 
-_Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, tuple[bytes | str | int, ...] | None]"
+# What to do when the script is missing on the node: the EVAL to send instead of an
+# EVALSHA answered NOSCRIPT (a tuple, packed only then), or the packed FCALL to send
+# again after the library's FUNCTION LOAD when FCALL answers "Function not found".
+Retry: TypeAlias = "tuple[bytes | str | int, ...] | bytes | None"
+_MISSING_FUNCTION = "ERR Function not found"
+
+_Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, Retry]"
 
 
 def is_failure(reply: Reply) -> bool:
@@ -80,8 +106,12 @@ class Connection(asyncio.Protocol):
     def __init__(self, on_push: Callable[[Reply], None] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader()
-        # (future, loop time sent, the command to send instead on a NOSCRIPT error)
+        # (future, loop time sent, what to send when the script is missing: Retry)
         self._pending: collections.deque[_Pending] = collections.deque()
+        # FUNCTION LOAD of the scripts' library, packed: set when FCALL calls them
+        self.load_library: bytes | None = None
+        self._ignored: asyncio.Future[Reply] = self._loop.create_future()
+        self._ignored.set_result(None)  # a reply nobody reads (FUNCTION LOAD's)
         self._out: list[bytes] = []
         self._burst = False
         self._transport: asyncio.Transport | None = None
@@ -107,12 +137,37 @@ class Connection(asyncio.Protocol):
             if (
                 instead is not None
                 and isinstance(reply, ReplyError)
-                and str(reply).startswith("NOSCRIPT")
-            ):  # sent even if nobody waits (a release); the same future gets its reply
-                self._pending.append((fut, self._loop.time(), None))
-                self._write(_pack(instead))
-            elif not fut.done():
+                and self._resend(fut, instead, reply)
+            ):
+                continue
+            if not fut.done():
                 fut.set_result(reply)
+
+    def _resend(
+        self,
+        fut: asyncio.Future[Reply],
+        instead: tuple[bytes | str | int, ...] | bytes,
+        error: ReplyError,
+    ) -> bool:
+        """Run a script the node is missing (restarted, flushed, a replica promoted)
+        once more, loading it first; the same future gets the second reply, which is
+        sent even if nobody waits (a release). False: ``error`` stands."""
+        text = str(error)
+        if isinstance(instead, tuple):
+            if not text.startswith("NOSCRIPT"):
+                return False
+            self._pending.append((fut, self._loop.time(), None))
+            self._write(_pack(instead))  # EVAL runs the source and caches it again
+            return True
+        if text != _MISSING_FUNCTION or self.load_library is None:
+            return False
+        # The library's load and the call again, in one write; the load answers
+        # "already exists" when another call's retry loaded it first: the same code.
+        now = self._loop.time()
+        self._pending.append((self._ignored, now, None))
+        self._pending.append((fut, now, None))
+        self._write(self.load_library + instead)
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -129,15 +184,17 @@ class Connection(asyncio.Protocol):
         self,
         *args: bytes | str | int,
         later: bool = False,
-        noscript: tuple[bytes | str | int, ...] | None = None,
+        noscript: Retry = None,
     ) -> asyncio.Future[Reply]:
         """Queue one command; the future resolves to its reply (never raises).
 
         ``later``: nobody waits for the reply now (a release whose answer is
         known), so it may ride along with the next command instead of taking a
-        write of its own. ``noscript``: the command to send instead when the
-        reply is a NOSCRIPT error (EVAL for an EVALSHA); the future then
-        resolves to that command's reply: one future per call, no second hop.
+        write of its own. ``noscript``: what to send when the node is missing the
+        script (``Retry``): the EVAL of an EVALSHA answered NOSCRIPT, or the packed
+        FCALL again, after ``load_library``, of an FCALL answered "Function not
+        found"; the future then resolves to that command's reply: one future per
+        call, no second hop.
         """
         return self.send_packed(_pack(args), later=later, noscript=noscript)
 
@@ -146,7 +203,7 @@ class Connection(asyncio.Protocol):
         packed: bytes,
         *,
         later: bool = False,
-        noscript: tuple[bytes | str | int, ...] | None = None,
+        noscript: Retry = None,
     ) -> asyncio.Future[Reply]:
         """``send`` of a command packed already (``pack_script``)."""
         fut: asyncio.Future[Reply] = self._loop.create_future()

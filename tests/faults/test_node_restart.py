@@ -362,7 +362,7 @@ def _raw_acquire(node: RedisNode, lease_id: str, name: str = NAME) -> int:
     keys = lock_keys(name)
     args = (lease_id, "10000", "", "3000", run_id, "raw")
     with redis.Redis.from_url(node.url) as r:
-        reply = r.evalsha(scripts.ACQUIRE.sha, len(keys), *keys, *args)
+        reply = r.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
     return int(reply[0])
 
 

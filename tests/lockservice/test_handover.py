@@ -21,7 +21,7 @@ from lockservice.protocol import RELEASE_CHANNEL, drift, lock_keys
 from lockservice.redlock import Redlock
 from lockservice.scripts import RELEASE
 from tests._servers import RedisNode
-from tests.lockservice.test_waiting import evalsha_calls
+from tests.lockservice.test_waiting import script_calls
 
 TTL = 10.0
 CUT = TTL - drift(TTL)
@@ -166,7 +166,7 @@ async def test_a_release_hands_the_lock_over_without_a_try_of_the_waiter(
         assert latency < 0.05, f"granted {latency * 1000:.0f} ms after the release"
         assert got.token > lease.token
         # one script a node: the release, which granted; the waiter sent nothing
-        assert [evalsha_calls(n) for n in redis3] == [1, 1, 1]
+        assert [script_calls(n) for n in redis3] == [1, 1, 1]
         for node in redis3:
             assert client(node).get("lock:{hand/over}") == f"{got.lease_id}:{got.token}".encode()
         await waiter_mgr.release(got)

@@ -34,15 +34,21 @@ def _hiredis(args: tuple[bytes | str | int, ...]) -> bytes:
 def test_a_packed_script_is_what_hiredis_packs(
     keys: tuple[str, ...], args: tuple[bytes | str | int, ...]
 ) -> None:
-    for sha in (SHA_A, SHA_B, SHA_A):  # the cached part changes with the script, and back
-        expected = _hiredis((b"EVALSHA", sha, len(keys), *keys, *args))
-        assert pack_script(sha, keys, args) == expected
-        assert pack_script(sha, keys, args) == expected  # again: from the cached part
+    # the cached part changes with the script or the command, and back
+    for command, name in (
+        (b"EVALSHA", SHA_A),
+        (b"EVALSHA", SHA_B),
+        (b"FCALL", SHA_B),
+        (b"EVALSHA", SHA_A),
+    ):
+        expected = _hiredis((command, name, len(keys), *keys, *args))
+        assert pack_script(command, name, keys, args) == expected
+        assert pack_script(command, name, keys, args) == expected  # again: from the cached part
         equal = tuple(keys)  # equal keys in another tuple: packed on their own, the same
-        assert pack_script(sha, equal, args) == expected
+        assert pack_script(command, name, equal, args) == expected
         other = tuple(f"{k}x" for k in keys)
-        assert pack_script(sha, other, args) == _hiredis(
-            (b"EVALSHA", sha, len(other), *other, *args)
+        assert pack_script(command, name, other, args) == _hiredis(
+            (command, name, len(other), *other, *args)
         )
 
 

@@ -1,4 +1,8 @@
-"""Each Lua script alone on a real redis-server, through redis-py."""
+"""Each Lua script alone on a real redis-server, through redis-py.
+
+Every test runs twice: the scripts sent by EVAL of their source (as on a node
+before Redis 7) and by FCALL of their function in the library (``scripts.LIBRARY``).
+"""
 
 from __future__ import annotations
 
@@ -24,15 +28,26 @@ BASE = 1_700_000_000_000_000
 RUN_ID = "r" * 40
 
 
-@pytest.fixture
-def r(redis1: list[RedisNode]) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis1[0].url)
+class Client(redis.Redis):
+    """A client that runs the scripts by FCALL (``by_fcall``) or by EVAL."""
+
+    by_fcall = False
+
+
+@pytest.fixture(params=["eval", "fcall"])
+def r(redis1: list[RedisNode], request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    client = Client.from_url(redis1[0].url)
+    if request.param == "fcall":
+        client.by_fcall = True
+        client.function_load(scripts.LIBRARY.decode(), replace=True)  # the same code
     client.set(SYNCED, f"{BASE} {RUN_ID}")
     yield client
     client.close()
 
 
 def run(r: redis.Redis, script: scripts.Script, keys: list[str], args: list[object]) -> object:
+    if isinstance(r, Client) and r.by_fcall:
+        return r.fcall(script.function.decode(), len(keys), *keys, *args)
     return r.eval(script.source, len(keys), *keys, *args)
 
 
@@ -186,6 +201,37 @@ def test_mark_synced_sets_base_upwards_and_quarantines(r: redis.Redis) -> None:
 def test_script_shas_match_their_sources(r: redis.Redis) -> None:
     for script in scripts.ALL:
         assert r.script_load(script.source) == script.sha.decode()
+
+
+def test_over_maxmemory_a_lease_is_extended_and_released_and_no_grant_is_made(
+    r: redis.Redis,
+) -> None:
+    """A full node (noeviction, over maxmemory), by EVAL and by FCALL alike: the scripts
+    that only delete or expire, and the read-only ones, run (functions flagged
+    ``allow-oom`` or ``no-writes``); a grant is refused and leaves nothing behind."""
+    assert acquire(r, ID_A) == [BASE + 1, 0]
+    r.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            r.set("x", 1)
+        assert run(r, scripts.EXTEND, [LOCK, HOLDERS, HOLDERT], [ID_A, 60_000]) == BASE + 1
+        assert r.pttl(LOCK) > 30_000
+        inspected = run(r, scripts.INSPECT, INSPECT_KEYS, [RUN_ID])
+        assert isinstance(inspected, list)
+        assert [inspected[0], inspected[2], inspected[3]] == [BASE + 1, BASE + 1, 1]
+        assert run(r, scripts.STATE, [SYNCED, QUAR], [RUN_ID]) == [1, 0]
+        assert run(r, scripts.FIND, KEYS, ["t" * 32, RUN_ID]) == [0]
+        assert run(r, scripts.RECOPIED, [SYNCED, QUAR], [RUN_ID]) == 1
+        assert undo(r, ID_B, "") == 0
+        assert release(r, ID_A) == 1
+        assert r.exists(LOCK) == 0
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            acquire(r, ID_B)
+        assert r.exists(LOCK) == 0
+        assert r.get(FENCE) == str(BASE + 1).encode()  # no token issued
+    finally:
+        r.config_set("maxmemory", 0)
+    assert acquire(r, ID_B) == [BASE + 2, 0]
 
 
 def test_release_hands_the_lock_to_the_earliest_queued_waiter(r: redis.Redis) -> None:
@@ -546,6 +592,7 @@ SCRIPT_COMMANDS = [
     "pexpire",
     "pexpireat",
     "eval",
+    "fcall",
 ]
 
 
@@ -567,7 +614,7 @@ def test_an_uncontended_cycle_runs_nine_commands(r: redis.Redis) -> None:
     assert acquire(r, ID_B, ticket="2") == [BASE + 2, 0]
     assert release(r, ID_B) == 1
     calls = commands(r)
-    assert calls.pop("eval") == 2
+    assert calls.pop("fcall" if isinstance(r, Client) and r.by_fcall else "eval") == 2
     assert calls == {"get": 3, "exists": 3, "incr": 1, "set": 1, "del": 1}
 
 
