@@ -7,9 +7,11 @@ ref (``git archive``). Each round drives ``--cycles`` acquire+release pairs thro
 reads per pair: the scripts' calls and their usec (``INFO commandstats``, the commands the
 scripts ran included), the server's CPU time, and under callgrind the instructions of
 ``call()`` (command execution: robust when the machine is loaded, unlike the other two).
+``--evalsha`` adds this tree as a Redis user without FCALL: the same code, its
+scripts sent by EVALSHA instead of FCALL (the fallback of a node that refuses functions).
 
     .venv/bin/python -m benchmarks.lua_cost --against main --callgrind
-    .venv/bin/python -m benchmarks.lua_cost --against main --cycles 20000 --rounds 5
+    .venv/bin/python -m benchmarks.lua_cost --evalsha --cycles 20000 --rounds 5
 
 Results: printed, and written to benchmarks/results/lua_cost.md.
 """
@@ -128,12 +130,18 @@ class Server:
         self.proc.wait(timeout=60)
 
 
-def one_round(server: Server, tree: Path, cycles: int) -> dict[str, float]:
+# A user allowed everything but FUNCTION and FCALL: this tree's scripts then go by
+# EVALSHA (without FCALL: another variant's library is on the server).
+EVALSHA_USER = ("fg_evalsha", "fg-evalsha")
+
+
+def one_round(server: Server, tree: Path, cycles: int, *, evalsha: bool) -> dict[str, float]:
     """``cycles`` pairs driven by ``tree``'s lockservice; figures per pair."""
     from benchmarks.gateway import proc_cpu  # not in the driver: it imports this tree's code
 
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{ROOT}")
-    url = f"redis://127.0.0.1:{server.port}/0"
+    user = "{}:{}@".format(*EVALSHA_USER) if evalsha else ""
+    url = f"redis://{user}127.0.0.1:{server.port}/0"
     driver = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.lua_cost", "--drive", url, "--cycles", str(cycles)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, cwd=tree,
@@ -176,6 +184,8 @@ def main(args: argparse.Namespace) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="lua_cost_") as tmp:
         trees = {"this tree": ROOT}
+        if args.evalsha:
+            trees["this tree, EVALSHA"] = ROOT
         for ref in args.against:
             tree = Path(tmp) / f"ref-{len(trees)}"
             tree.mkdir()
@@ -187,11 +197,15 @@ def main(args: argparse.Namespace) -> None:
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
             trees[ref] = tree
         server = Server(Path(tmp), callgrind=args.callgrind)
+        user, password = EVALSHA_USER
+        server.command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all",
+                       "-function", "-fcall")  # fmt: skip
         results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         try:
             for r in range(args.rounds):
                 for name, tree in trees.items():
-                    figures = one_round(server, tree, args.cycles)
+                    evalsha = name.endswith("EVALSHA")
+                    figures = one_round(server, tree, args.cycles, evalsha=evalsha)
                     results[name].append(figures)
                     shown = " ".join(f"{k}={v:,.1f}" for k, v in figures.items())
                     print(f"round {r} {name}: {shown}", flush=True)
@@ -244,5 +258,8 @@ if __name__ == "__main__":
     parser.add_argument("--cycles", type=int, default=2000, help="acquire+release pairs a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--callgrind", action="store_true", help="run redis-server under callgrind")
+    parser.add_argument(
+        "--evalsha", action="store_true", help="also this tree with its scripts sent by EVALSHA"
+    )
     parser.add_argument("--drive", metavar="URL", help=argparse.SUPPRESS)
     main(parser.parse_args())
