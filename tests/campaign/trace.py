@@ -41,6 +41,7 @@ from lockservice import scripts
 __all__ = ["LinkTrace", "Tracer", "main", "merged"]
 
 SCRIPT_NAMES = {s.sha: s.name for s in scripts.ALL}
+FUNCTION_NAMES = {s.function: s.name for s in scripts.ALL}  # FCALL, Redis 7
 SOURCE_NAMES = {hashlib.sha1(s.source).hexdigest().encode(): s.name for s in scripts.ALL}
 
 
@@ -134,11 +135,9 @@ class LinkTrace:
         call = self.tracer.next_call()
         self._pending.append(call)
         record: dict[str, Any] = {"ev": "call", "call": call, **self.where}
-        if verb in (b"EVALSHA", b"EVAL") and len(command) >= 3:
-            sha = (
-                command[1] if verb == b"EVALSHA" else hashlib.sha1(command[1]).hexdigest().encode()
-            )
-            names = SCRIPT_NAMES if verb == b"EVALSHA" else SOURCE_NAMES
+        if verb in (b"FCALL", b"EVALSHA", b"EVAL") and len(command) >= 3:
+            sha = command[1] if verb != b"EVAL" else hashlib.sha1(command[1]).hexdigest().encode()
+            names = {b"FCALL": FUNCTION_NAMES, b"EVALSHA": SCRIPT_NAMES}.get(verb, SOURCE_NAMES)
             nkeys = int(command[2])
             record["script"] = names.get(sha, sha.decode(errors="replace"))
             record["key"] = _plain(command[3]) if nkeys else None
