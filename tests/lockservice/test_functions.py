@@ -95,10 +95,11 @@ async def test_the_scripts_run_as_functions_of_one_library_loaded_at_connect(
     assert calls(node).get("script|load", 0) == 0  # no script cache to fill either
 
 
+@pytest.mark.parametrize("batch_writes", [False, True])
 async def test_a_flushed_library_is_loaded_again_and_every_call_still_runs(
-    own_redis3: list[RedisNode],
+    own_redis3: list[RedisNode], batch_writes: bool
 ) -> None:
-    mgr = await LockManager.connect([n.url for n in own_redis3])
+    mgr = await LockManager.connect([n.url for n in own_redis3], batch_writes=batch_writes)
     try:
         first = await mgr.acquire("fl/a", ttl=10.0)
         await mgr.release(first)
