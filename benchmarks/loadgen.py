@@ -3,8 +3,10 @@
 Every generator does the same lock cycles on distinct names, one request in
 flight per connection: ``POST /v1/locks/bench/<tag>/<conn or thread>/<n>``
 with ``{"ttl_ms": 10000}``, then ``DELETE`` of that name with the lease id of
-the answer (``X-Lease-Id``). What differs is the CPU each spends per cycle
-(w), which the gateway's benchmarks take from the same cores:
+the answer (``X-Lease-Id``); ``cyclegen:D`` pipelines D of them on each
+connection (HTTP/1.1: D POSTs in one write, their D answers, then the DELETEs
+in one write). What differs is the CPU each spends per cycle (w), which the
+gateway's benchmarks take from the same cores:
 
 * ``cyclegen`` (the default): ``benchmarks/cyclegen.c``, built here with
   ``cc -O2`` into ``$XDG_CACHE_HOME/fencegate-bench`` (``~/.cache``) the first
@@ -13,6 +15,10 @@ the answer (``X-Lease-Id``). What differs is the CPU each spends per cycle
   ``memmem``, no allocation per request. When the duration is up it starts no
   new cycle and releases every lease it still holds (within 5 s), so its
   acquired and released counts are exact, and equal the gateway's own.
+  ``cyclegen:D`` (``--depth D``) drives D cycles at once on each connection,
+  pipelined, so its system calls, and the gateway's reads, are about 1/D per
+  request. A connection that breaks is made again (one that breaks before its
+  first answer after a backoff, bounded); what was in flight is counted.
 * ``wrk-lean``: wrk (the Debian package) with ``LEAN_LUA``: requests
   concatenated from fixed parts, name and lease id found with plain
   ``string.find``, kept on a flat stack. wrk still builds a table of the
@@ -36,6 +42,7 @@ the gateway's ``/metrics`` (``http_requests_total`` of the lock route).
 
     .venv/bin/python -m benchmarks.loadgen                 # 3 rounds of 5 s each
     .venv/bin/python -m benchmarks.loadgen --rounds 1 --seconds 2
+    .venv/bin/python -m benchmarks.loadgen --generators cyclegen,cyclegen:4,cyclegen:8
 
 Results: printed, and written to benchmarks/results/loadgen.md and loadgen.json.
 """
@@ -63,6 +70,7 @@ from benchmarks._report import RESULTS, command
 __all__ = [
     "CONNECTIONS",
     "CYCLE_LUA",
+    "DEFAULT_GENERATORS",
     "DESCRIBED",
     "GENERATORS",
     "LEAN_LUA",
@@ -78,7 +86,10 @@ __all__ = [
 CONNECTIONS: Final = 64
 TTL_MS: Final = 10_000  # of each acquire; the wrk scripts have it in their text
 GENERATORS: Final = ("cyclegen", "wrk-lean", "wrk")
+"""The generators by name; ``cyclegen:D`` is cyclegen with ``--depth D``."""
+DEFAULT_GENERATORS: Final = ("cyclegen", "cyclegen:8", "wrk-lean", "wrk")
 SOURCE: Final = Path(__file__).resolve().with_name("cyclegen.c")
+MAX_DEPTH: Final = 64  # cyclegen.c's MAX_DEPTH
 CYCLE_LUA: Final = r"""
 -- Lock cycles on distinct names: POST /v1/locks/bench/<run>/<thread>/<n>, then DELETE
 -- it with the lease id of the answer. One request in flight per connection; a thread's
@@ -249,16 +260,21 @@ class LoadGen:
     name: str
     exe: str
     script: Path | None = None  # wrk's Lua script
+    depth: int = 1  # cycles pipelined on each connection (cyclegen only)
 
     @property
     def exact(self) -> bool:
         """It finishes every request it sends: its counts equal the gateway's (cyclegen)."""
         return self.script is None
 
-    def argv(self, port: int, seconds: float, tag: str, connections: int, ttl_ms: int) -> list[str]:
+    def argv(
+        self, port: int, seconds: float, tag: str, connections: int, ttl_ms: int, depth: int
+    ) -> list[str]:
         if self.script is None:
             return [self.exe, "-p", str(port), "-c", str(connections), "-d", f"{seconds:g}",
-                    "-t", tag, "-l", str(ttl_ms)]  # fmt: skip
+                    "-t", tag, "-l", str(ttl_ms), "--depth", str(depth)]  # fmt: skip
+        if depth != 1:
+            raise ValueError(f"wrk sends one request at a time on a connection, not {depth}")
         if ttl_ms != TTL_MS:
             raise ValueError(f"the wrk scripts ask for ttl_ms {TTL_MS}, not {ttl_ms}")
         # wrk takes whole seconds
@@ -274,13 +290,15 @@ class LoadGen:
         connections: int = CONNECTIONS,
         cpu: int | None = None,
         ttl_ms: int = TTL_MS,
+        depth: int | None = None,
     ) -> dict[str, Any]:
         """One run (on CPU ``cpu`` alone if given): its RESULT line as a dict, with the
         CPU seconds the generator itself used (``cpu_s``, ``user_s``, ``system_s``).
-        ``ttl_ms``: of each acquire (cyclegen only)."""
+        ``ttl_ms``: of each acquire; ``depth``: cycles pipelined on each connection
+        (default: the generator's own); both cyclegen only."""
         pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
         proc = subprocess.Popen(
-            self.argv(port, seconds, tag, connections, ttl_ms),
+            self.argv(port, seconds, tag, connections, ttl_ms, depth or self.depth),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             preexec_fn=pin,
@@ -300,10 +318,13 @@ class LoadGen:
 
 
 def prepare(name: str, workdir: Path) -> LoadGen:
-    """Build or find generator ``name`` (one of ``GENERATORS``); wrk's script goes in
-    ``workdir``."""
-    if name == "cyclegen":
-        return LoadGen(name, str(build_cyclegen()))
+    """Build or find generator ``name`` (one of ``GENERATORS``, or ``cyclegen:D``); wrk's
+    script goes in ``workdir``."""
+    base, _, depth = name.partition(":")
+    if base == "cyclegen":
+        if depth and not (depth.isdigit() and 1 <= int(depth) <= MAX_DEPTH):
+            raise SystemExit(f"{name!r}: cyclegen:D takes a depth D from 1 to {MAX_DEPTH}")
+        return LoadGen(name, str(build_cyclegen()), depth=int(depth or 1))
     if name not in _SCRIPTS:
         raise SystemExit(f"unknown load generator {name!r}: use one of {', '.join(GENERATORS)}")
     script = workdir / f"{name}.lua"
@@ -365,7 +386,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--generators", default=",".join(GENERATORS))
+    parser.add_argument(
+        "--generators",
+        default=",".join(DEFAULT_GENERATORS),
+        help="comma-separated: cyclegen, cyclegen:D (pipelined D deep), wrk-lean, wrk",
+    )
     args = parser.parse_args()
     names = [n for n in args.generators.split(",") if n]
     load_before = os.getloadavg()
@@ -436,6 +461,7 @@ def _measure(gen: LoadGen, server: Any, redis: Any, seconds: float, tag: str) ->
         "w_system_us": result["system_s"] / cycles * 1e6,
         "g_us": g,
         "r_us": r,
+        "g_syscalls": (gw1["syscalls"] - gw0["syscalls"]) / cycles,
         "ceiling": 2 * g / (g + r + w),
         "w_share": w / (g + r + w),
         "p50_ms": result["p50_ms"],
@@ -451,13 +477,14 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{row['cycles_per_s']:,.0f} cycles/s; CPU us/cycle w {row['w_us']:.1f} "
         f"(user {row['w_user_us']:.1f}, system {row['w_system_us']:.1f}), g {row['g_us']:.0f}, "
-        f"r {row['r_us']:.0f}; ceiling {row['ceiling']:.2f}x; {verdict}"
+        f"r {row['r_us']:.0f}; gateway reads + writes {row['g_syscalls']:.1f}; "
+        f"ceiling {row['ceiling']:.2f}x; {verdict}"
     )
 
 
 _KEYS: Final = (
-    "cycles_per_s", "w_us", "w_user_us", "w_system_us", "g_us", "r_us", "ceiling", "w_share",
-    "p50_ms", "p99_ms",
+    "cycles_per_s", "w_us", "w_user_us", "w_system_us", "g_us", "r_us", "g_syscalls", "ceiling",
+    "w_share", "p50_ms", "p99_ms",
 )  # fmt: skip
 
 
@@ -492,8 +519,9 @@ def _markdown(report: dict[str, Any]) -> str:
         f"{report['when']}; {report['machine']}; `{report['command']}`: {report['rounds']} "
         f"rounds of {report['seconds']:g} s per generator (order rotating) against one gateway "
         f"(`workers = 1`) on one Redis node (unix socket), {report['connections']} "
-        "connections, one request in flight each, POST lock + DELETE release cycles on "
-        "distinct names. Medians over rounds (min-max). CPU from each generator's rusage "
+        "connections, one request in flight each (`cyclegen:D`: D, pipelined), POST lock + "
+        "DELETE release cycles on distinct names. Medians over rounds (min-max). CPU from "
+        "each generator's rusage "
         "and the gateway's and Redis's /proc.",
         "",
         "| | " + " | ".join(f"`{n}`" for n in gens) + " |",
@@ -504,6 +532,7 @@ def _markdown(report: dict[str, Any]) -> str:
         row("... system (kernel: its sockets)", "w_system_us", "{:.1f}"),
         row("CPU µs per cycle: gateway (g)", "g_us", "{:.0f}"),
         row("CPU µs per cycle: redis (r)", "r_us", "{:.0f}"),
+        row("gateway reads + writes per cycle (/proc/PID/io)", "g_syscalls", "{:.1f}"),
         row("w / (g + r + w)", "w_share", "{:.1%}"),
         row("ceiling 2g/(g+r+w) for 2 workers on 2 cores", "ceiling", "{:.2f}"),
         row("request latency p50 ms", "p50_ms", "{:.1f}"),
