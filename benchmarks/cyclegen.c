@@ -15,7 +15,8 @@
  *
  *   RESULT {"acquired": A, "released": R, "other": O, "codes": {"409": n, ...},
  *           "errors": E, "failed_connects": F, "unfinished": U, "lost": L, "resent": S,
- *           "held": H, "requests": Q, "depth": D, "seconds": S, "p50_ms": .., "p99_ms": ..}
+ *           "held": H, "requests": Q, "depth": D, "syscalls": {"send": n, "read": n,
+ *           "epoll_wait": n}, "seconds": S, "p50_ms": .., "p99_ms": ..}
  *
  * acquired: POSTs answered 200; released: DELETEs answered 204; other: answers with
  * another status (by code in codes); errors: connections the gateway closed or reset,
@@ -23,7 +24,8 @@
  * waiting for answers or to connect when the drain ended (unfinished of them); lost: POSTs whose connection broke before their answer (the gateway may have granted
  * the lock: it expires with its ttl); resent: DELETEs sent again on a new connection
  * after theirs broke (one that had landed is then answered 409); held: acquired -
- * released; seconds: from the first request to the last answer. Latency is per request,
+ * released; syscalls: the sends, reads and epoll_waits it made (most of its CPU per
+ * request is the kernel's, in these); seconds: from the first request to the last answer. Latency is per request,
  * from the write of its batch to its full answer, from a fixed log-linear histogram (64
  * sub-buckets per power of two: within 1.6 %).
  *
@@ -111,6 +113,7 @@ static int ep;
 static int stopping, busy, waiting; /* busy: connections not DONE; waiting: WAITING */
 
 static uint64_t acquired, released, other, errors, failed, lost, resent, requests;
+static uint64_t sends, reads, waits; /* system calls on the hot path */
 static int codes[MAX_CODES][2]; /* status, count */
 static int ncodes;
 static uint64_t hist[BUCKETS];
@@ -311,6 +314,7 @@ static int send_req(struct conn *c) {
     }
     while (c->req_sent < c->req_len) {
         /* MSG_NOSIGNAL: a connection the gateway closed is an error counted, not SIGPIPE */
+        sends++;
         ssize_t w = send(c->fd, c->req + c->req_sent, c->req_len - c->req_sent, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EAGAIN) return 1;
@@ -424,6 +428,7 @@ static void answer(struct conn *c, const char *body, size_t blen) {
 
 /* Read what came; handle each whole answer. */
 static void receive(struct conn *c, int ci) {
+    reads++;
     ssize_t r = read(c->fd, c->buf + c->buf_len, BUF - c->buf_len);
     if (r == 0 || (r < 0 && errno != EAGAIN)) {
         broken(c, r == 0 ? ECONNRESET : errno);
@@ -523,6 +528,7 @@ int main(int argc, char **argv) {
                 wake = c->retry_at;
             }
         }
+        waits++;
         int n = epoll_wait(ep, events, 256, (int)((wake - t) / 1000000) + 1);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -564,11 +570,13 @@ int main(int argc, char **argv) {
            (unsigned long long)acquired, (unsigned long long)released, (unsigned long long)other);
     for (int i = 0; i < ncodes; i++) printf("%s\"%d\": %d", i ? ", " : "", codes[i][0], codes[i][1]);
     printf("}, \"errors\": %llu, \"failed_connects\": %llu, \"unfinished\": %llu, \"lost\": %llu, "
-           "\"resent\": %llu, \"held\": %llu, \"requests\": %llu, \"depth\": %d, \"seconds\": %.6f, "
+           "\"resent\": %llu, \"held\": %llu, \"requests\": %llu, \"depth\": %d, "
+           "\"syscalls\": {\"send\": %llu, \"read\": %llu, \"epoll_wait\": %llu}, \"seconds\": %.6f, "
            "\"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
            (unsigned long long)errors, (unsigned long long)failed, (unsigned long long)unfinished,
            (unsigned long long)lost, (unsigned long long)resent,
-           (unsigned long long)held, (unsigned long long)requests, depth,
+           (unsigned long long)held, (unsigned long long)requests, depth, (unsigned long long)sends,
+           (unsigned long long)reads, (unsigned long long)waits,
            last_ns > first_ns ? (double)(last_ns - first_ns) / 1e9 : 0.0, percentile(50), percentile(99));
     return 0;
 }

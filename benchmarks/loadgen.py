@@ -16,9 +16,10 @@ gateway's benchmarks take from the same cores:
   new cycle and releases every lease it still holds (within 5 s), so its
   acquired and released counts are exact, and equal the gateway's own.
   ``cyclegen:D`` (``--depth D``) drives D cycles at once on each connection,
-  pipelined, so its system calls, and the gateway's reads, are about 1/D per
-  request. A connection that breaks is made again (one that breaks before its
-  first answer after a backoff, bounded); what was in flight is counted.
+  pipelined, so its sends and the gateway's reads are 1/D per request (its
+  reads are not: the gateway writes each answer on its own). A connection
+  that breaks is made again (one that breaks before its first answer after a
+  backoff, bounded); what was in flight is counted.
 * ``wrk-lean``: wrk (the Debian package) with ``LEAN_LUA``: requests
   concatenated from fixed parts, name and lease id found with plain
   ``string.find``, kept on a flat stack. wrk still builds a table of the
@@ -454,11 +455,13 @@ def _measure(gen: LoadGen, server: Any, redis: Any, seconds: float, tag: str) ->
 
     g, r = per_cycle(gw0, gw1), per_cycle(r0, r1)
     w = result["cpu_s"] / cycles * 1e6
+    calls = result.get("syscalls")  # cyclegen's sends, reads and epoll_waits
     return {
         "cycles_per_s": result["released"] / elapsed,
         "w_us": w,
         "w_user_us": result["user_s"] / cycles * 1e6,
         "w_system_us": result["system_s"] / cycles * 1e6,
+        "w_syscalls": None if calls is None else sum(calls.values()) / cycles,
         "g_us": g,
         "r_us": r,
         "g_syscalls": (gw1["syscalls"] - gw0["syscalls"]) / cycles,
@@ -476,23 +479,29 @@ def _line(row: dict[str, Any]) -> str:
     verdict = row["disagreement"] or "counts agree with the gateway's"
     return (
         f"{row['cycles_per_s']:,.0f} cycles/s; CPU us/cycle w {row['w_us']:.1f} "
-        f"(user {row['w_user_us']:.1f}, system {row['w_system_us']:.1f}), g {row['g_us']:.0f}, "
+        f"(user {row['w_user_us']:.1f}, system {row['w_system_us']:.1f}"
+        + ("" if row["w_syscalls"] is None else f", {row['w_syscalls']:.2f} syscalls")
+        + f"), g {row['g_us']:.0f}, "
         f"r {row['r_us']:.0f}; gateway reads + writes {row['g_syscalls']:.1f}; "
         f"ceiling {row['ceiling']:.2f}x; {verdict}"
     )
 
 
 _KEYS: Final = (
-    "cycles_per_s", "w_us", "w_user_us", "w_system_us", "g_us", "r_us", "g_syscalls", "ceiling",
-    "w_share", "p50_ms", "p99_ms",
+    "cycles_per_s", "w_us", "w_user_us", "w_system_us", "w_syscalls", "g_us", "r_us",
+    "g_syscalls", "ceiling", "w_share", "p50_ms", "p99_ms",
 )  # fmt: skip
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in _KEYS:
-        values = [row[key] for row in rows]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        values = [row[key] for row in rows if row[key] is not None]  # w_syscalls: cyclegen's
+        out[key] = (
+            {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            if values
+            else None
+        )
     out["disagreements"] = [row["disagreement"] for row in rows if row["disagreement"]]
     out["held_after"] = [row["result"]["acquired"] - row["result"]["released"] for row in rows]
     return out
@@ -505,6 +514,9 @@ def _markdown(report: dict[str, Any]) -> str:
         cells = []
         for s in gens.values():
             v = s[key]
+            if v is None:
+                cells.append("n/a")
+                continue
             cells.append(
                 f"{fmt.format(v['median'])} ({fmt.format(v['min'])}-{fmt.format(v['max'])})"
             )
@@ -530,6 +542,7 @@ def _markdown(report: dict[str, Any]) -> str:
         row("CPU µs per cycle: load generator (w)", "w_us", "{:.1f}"),
         row("... user", "w_user_us", "{:.1f}"),
         row("... system (kernel: its sockets)", "w_system_us", "{:.1f}"),
+        row("its sends + reads + epoll_waits per cycle (cyclegen's count)", "w_syscalls", "{:.2f}"),
         row("CPU µs per cycle: gateway (g)", "g_us", "{:.0f}"),
         row("CPU µs per cycle: redis (r)", "r_us", "{:.0f}"),
         row("gateway reads + writes per cycle (/proc/PID/io)", "g_syscalls", "{:.1f}"),

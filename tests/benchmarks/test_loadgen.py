@@ -96,6 +96,7 @@ def test_cyclegen_releases_every_lease_it_took_and_counts_as_the_gateway(
     assert (result["other"], result["codes"]) == (0, {})
     assert _nothing_lost(result) == (0, 0, 0, 0, 0, 0)
     assert result["requests"] == 2 * result["acquired"]
+    assert result["syscalls"]["send"] == result["requests"] // depth  # one for each round
     assert counted == {"POST 200": result["acquired"], "DELETE 204": result["released"]}
     assert agreement(result, counted, exact=True) is None
     # every name distinct (one fence counter each), and no lock left held
