@@ -1,17 +1,24 @@
 """HTTP lock throughput of ``fencegate serve`` with 1 and with 2 workers, gateway-bound.
 
 The load generator (``benchmarks/loadgen.py``) does lock cycles on distinct
-names over 64 keep-alive connections, one request in flight each: ``POST
-/v1/locks/{name}``, then ``DELETE`` with the lease id it got. By default it is
-``cyclegen`` (``benchmarks/cyclegen.c``, C and epoll, built with ``cc -O2``
-the first time): the cheapest per cycle, and exact: it finishes every request
-and releases every lease it took, and each run checks its counts against the
-gateway's own ``/metrics``. ``--loadgen wrk`` runs wrk (the Debian package
-``wrk``: installed with apt-get when running as root) with the Lua script the
-benchmark used first, ``--loadgen wrk-lean`` wrk with a cheaper one; wrk
-stops with requests in flight, so its counts may trail the gateway's by up to
-one per connection. ``python -m benchmarks.loadgen`` compares their CPU per
-cycle. The locks live on redis-server nodes of the run's own, on unix sockets
+names over 64 keep-alive connections: ``POST /v1/locks/{name}``, then
+``DELETE`` with the lease id it got. By default it is ``cyclegen``
+(``benchmarks/cyclegen.c``, C and epoll, built with ``cc -O2`` the first
+time): the cheapest per cycle, and exact: it finishes every request and
+releases every lease it took, and each run checks its counts against the
+gateway's own ``/metrics``. It drives ``--depth`` cycles at once on each
+connection (default 8), HTTP/1.1-pipelined: the D POSTs in one write, then
+the D DELETEs in one write, so the load generator's sends and the gateway's
+reads are 1/D per request; the generator's reads are not (the gateway answers
+a connection's requests one after the other, each in a write of its own).
+``--loadgen wrk`` runs wrk
+(the Debian package ``wrk``: installed with apt-get when running as root)
+with the Lua script the benchmark used first, ``--loadgen wrk-lean`` wrk
+with a cheaper one, one request in flight on each connection; wrk stops with
+requests in flight, so its counts may trail the gateway's by up to one per
+connection. ``python -m benchmarks.loadgen`` compares their CPU per cycle,
+cyclegen's at several depths (``--generators cyclegen,cyclegen:4,cyclegen:8``).
+The locks live on redis-server nodes of the run's own, on unix sockets
 (``--tcp``: loopback TCP, ``tests._servers.RedisNode``). Redis, the load
 generator and the gateway share the machine's cores, so 2 workers on 2 cores
 can at most serve
@@ -50,6 +57,7 @@ and whether its counts agree with the gateway's.
     .venv/bin/python -m benchmarks.workers --quick         # 1 round of 3 s: a smoke run
     .venv/bin/python -m benchmarks.workers --nodes 1       # the scaling table alone
     .venv/bin/python -m benchmarks.workers --tcp           # Redis over loopback TCP
+    .venv/bin/python -m benchmarks.workers --depth 1       # one request in flight a connection
     .venv/bin/python -m benchmarks.workers --loadgen wrk   # wrk and CYCLE_LUA
     .venv/bin/python -m benchmarks.workers --loadgen-cpu 1 # the load generator on CPU 1
 
@@ -80,6 +88,7 @@ from benchmarks.loadgen import (
     CONNECTIONS,
     DESCRIBED,
     GENERATORS,
+    MAX_DEPTH,
     LoadGen,
     agreement,
     count_delta,
@@ -92,6 +101,7 @@ RESULTS: Final = Path(__file__).resolve().parent / "results"
 ROOT: Final = Path(__file__).resolve().parent.parent
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 CASES: Final = ("1", "1s", "2")
+DEPTH: Final = 8  # cyclegen's cycles pipelined on each connection (see the module docstring)
 CASE_NAMES: Final = {"1": "1 worker", "1s": "1 worker, supervised", "2": "2 workers"}
 USAGE: Final = ("user", "system", "syscalls", "voluntary", "involuntary")
 _SWITCHES: Final = {
@@ -252,12 +262,12 @@ def measure(
     gen: LoadGen, server: Server, redis: list[Redis], args: argparse.Namespace
 ) -> dict[str, Any]:
     tag = f"{server.case}w{time.monotonic_ns()}"
-    gen.run(server.port, args.warmup, tag + "warm", cpu=args.loadgen_cpu)
+    gen.run(server.port, args.warmup, tag + "warm", cpu=args.loadgen_cpu, depth=args.depth)
     redis_pids = [node.proc.pid for node in redis if node.proc is not None]
     counts0 = lock_route_counts(server.port)  # scraped outside the measured window
     gw0, redis0, (busy0, all0) = server.usage(), _sum_usage(redis_pids), _machine_busy()
     started = time.monotonic()
-    result = gen.run(server.port, args.seconds, tag, cpu=args.loadgen_cpu)
+    result = gen.run(server.port, args.seconds, tag, cpu=args.loadgen_cpu, depth=args.depth)
     elapsed = time.monotonic() - started
     gw1, redis1, (busy1, all1) = server.usage(), _sum_usage(redis_pids), _machine_busy()
     counted = count_delta(lock_route_counts(server.port), counts0)
@@ -358,7 +368,16 @@ def main() -> None:
         type=int,
         help="pin the load generator to this CPU (default: not pinned)",
     )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        help=f"cycles cyclegen pipelines on each connection (default {DEPTH}; wrk: 1)",
+    )
     args = parser.parse_args()
+    if args.depth is None:
+        args.depth = DEPTH if args.loadgen == "cyclegen" else 1
+    if not 1 <= args.depth <= (MAX_DEPTH if args.loadgen == "cyclegen" else 1):
+        parser.error(f"--depth {args.depth}: cyclegen takes 1 to {MAX_DEPTH}, wrk only 1")
     try:
         node_counts = [int(n) for n in args.nodes.split(",")]
     except ValueError:
@@ -383,6 +402,7 @@ def main() -> None:
         "redis_transport": "tcp" if args.tcp else "unix",
         "seconds": args.seconds,
         "connections": CONNECTIONS,
+        "depth": args.depth,
         "loadgen": args.loadgen,
         "loadgen_cpu": args.loadgen_cpu,
         "load_before": load_before,
@@ -446,13 +466,20 @@ def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     transport = "loopback TCP" if report["redis_transport"] == "tcp" else "unix sockets"
     cpu = report["loadgen_cpu"]
     pinned = "not pinned" if cpu is None else f"pinned to CPU {cpu}"
+    depth = report.get("depth", 1)
+    in_flight = (
+        "one request in flight each"
+        if depth == 1
+        else f"**depth {depth}**: {depth} cycles at once on each, their requests "
+        "HTTP/1.1-pipelined, one write for each round of POSTs or DELETEs"
+    )
     lines = [
         "# `fencegate serve --workers`: 1 vs 2 workers",
         "",
         f"{report['when']}; {report['machine']}; `{report['command']}`: {report['rounds']} "
         f"rounds of {report['seconds']:.0f} s per case (order rotating), the load generator "
         f"{DESCRIBED[report['loadgen']]} ({pinned}) with {report['connections']} connections "
-        "(one request in flight each) doing POST lock + DELETE release cycles on distinct "
+        f"({in_flight}) doing POST lock + DELETE release cycles on distinct "
         f"names, redis-server nodes on the same machine (over {transport}). "
         "Medians over rounds (min-max). *1 worker*: `workers = 1`, one process, plain "
         "metrics; *1 worker, supervised*: the `--workers` supervisor with one worker "
