@@ -191,6 +191,12 @@ static void finish(struct conn *c) {
 
 static void broken(struct conn *c, int err);
 
+static int holds_leases(const struct conn *c) {
+    for (int s = 0; s < depth; s++)
+        if (c->slots[s].held) return 1;
+    return 0;
+}
+
 static void open_conn(struct conn *c) {
     c->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (c->fd < 0) die("socket");
@@ -225,9 +231,7 @@ static void broken(struct conn *c, int err) {
             die("cyclegen: connecting again failed too often");
         }
     }
-    int has_leases = 0;
-    for (int s = 0; s < depth; s++) has_leases |= c->slots[s].held;
-    if (stopping && !has_leases) {
+    if (stopping && !holds_leases(c)) {
         finish(c);
         return;
     }
@@ -521,7 +525,10 @@ int main(int argc, char **argv) {
         for (int i = 0; waiting && i < nconn; i++) { /* connections to make again */
             struct conn *c = &conns[i];
             if (c->state != WAITING) continue;
-            if (c->retry_at <= t) {
+            if (stopping && !holds_leases(c)) { /* nothing left to do on it */
+                waiting--;
+                finish(c);
+            } else if (c->retry_at <= t) {
                 waiting--;
                 open_conn(c);
             } else if (c->retry_at < wake) {
