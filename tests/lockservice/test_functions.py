@@ -9,7 +9,6 @@ scripts by EVALSHA. Every test here runs on real redis-server nodes of its own.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,45 +92,6 @@ async def test_the_scripts_run_as_functions_of_one_library_loaded_at_connect(
         for mgr in managers:
             await mgr.close()
     assert calls(node).get("script|load", 0) == 0  # no script cache to fill either
-
-
-@pytest.mark.parametrize("batch_writes", [False, True])
-async def test_a_flushed_library_is_loaded_again_and_every_call_still_runs(
-    own_redis3: list[RedisNode], batch_writes: bool
-) -> None:
-    mgr = await LockManager.connect([n.url for n in own_redis3], batch_writes=batch_writes)
-    try:
-        first = await mgr.acquire("fl/a", ttl=10.0)
-        await mgr.release(first)
-        for node in own_redis3:
-            assert node.command("FUNCTION", "FLUSH").startswith(b"+OK")
-            node.command("CONFIG", "RESETSTAT")
-
-        # Several calls in one burst: each "Function not found" loads the library and
-        # calls again, on its own future, in its place in the stream.
-        leases = await asyncio.gather(*(mgr.acquire(f"fl/{i}", ttl=10.0) for i in range(5)))
-        assert [lease.name for lease in leases] == [f"fl/{i}" for i in range(5)]
-        again = await mgr.acquire("fl/a", ttl=10.0)
-        assert again.token > first.token
-
-        for node in own_redis3:
-            node.command("FUNCTION", "FLUSH")
-        await mgr.release(LockManager.handle(again.name, again.lease_id))  # awaits the nodes
-        for lease in leases:
-            await mgr.release(lease)  # not awaited: the release must run all the same
-
-        def released() -> bool:
-            return all(node.command("KEYS", "lock:*") == b"*0\r\n" for node in own_redis3)
-
-        await wait_until(released, 5.0, "every release ran")
-        assert (await mgr.acquire("fl/a", ttl=10.0, wait=0.0)).token > again.token
-        for node in own_redis3:
-            assert libraries(node) == {scripts.LIBRARY_NAME: FUNCTIONS}
-            done = calls(node)
-            assert done.get("function|load", 0) >= 1
-            assert [done.get(c, 0) for c in ("evalsha", "eval")] == [0, 0]  # FCALL throughout
-    finally:
-        await mgr.close()
 
 
 async def test_two_versions_of_the_library_serve_side_by_side(node: RedisNode) -> None:
