@@ -95,6 +95,7 @@ from benchmarks.loadgen import (
     lock_route_counts,
     prepare,
 )
+from gateway.shared import SharedDir
 from tests._servers import RedisNode, free_port
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
@@ -244,11 +245,28 @@ def start_server(case: str, redis: list[Redis], tmp: Path) -> Server:
                     ready += r.status == 200
             except OSError:
                 pass
-        if ready == 4 * workers and len(server.pids()) == processes:
+        if ready == 4 * workers and len(server.pids()) == processes and _all_listen(server):
             return server
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the gateway did not start; see {tmp}/gateway-{case}.log")
         time.sleep(0.2)
+
+
+def _all_listen(server: Server) -> bool:
+    """Every worker of a supervisor marked itself ready in the shared directory (answers
+    to /readyz may all come from the first worker while the other is still starting)."""
+    if server.case != "2":
+        return True
+    for pid in _children(server.proc.pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        key = b"PROMETHEUS_MULTIPROC_DIR="
+        shared = [e.removeprefix(key).decode() for e in environ if e.startswith(key)]
+        if not shared or not SharedDir(shared[0]).is_ready(pid):
+            return False
+    return True
 
 
 def stop_server(server: Server) -> None:
