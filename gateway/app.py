@@ -23,7 +23,7 @@ from prometheus_client import (
     CollectorRegistry,
 )
 
-from gateway.config import Config, StoreConfig
+from gateway.config import Config
 from gateway.errors import StartupError
 from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
@@ -31,6 +31,7 @@ from gateway.middlewares import MIDDLEWARES
 from gateway.routes import add_routes
 from gateway.shared import SYNC_INTERVAL, SharedDir
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, GatewayState, StoreEntry
+from gateway.store_config import StoreConfig
 from lockservice import LockManager
 from storage_adapters import (
     FencedStore,

@@ -35,6 +35,8 @@ Every key can be overridden by a ``FENCEGATE_*`` environment variable (see
 With no file and no ``FENCEGATE_STORES_*`` the gateway serves one files store,
 ``files``, under ``./fencegate-data``; with no ``[locks] redis`` it uses the
 in-process lock backend (one gateway only).
+
+One store's table, ``StoreConfig`` and its parsing, lives in ``gateway/store_config.py``.
 """
 
 from __future__ import annotations
@@ -48,12 +50,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
-from urllib.parse import parse_qs, urlsplit
 
 from gateway._sources import (
     AUTH_KEY_KEYS,
     LOCKS_KEYS,
-    STORE_KEYS,
     TOP_KEYS,
     Reader,
     apply_env,
@@ -62,6 +62,7 @@ from gateway._sources import (
 )
 from gateway.errors import ConfigError
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
+from gateway.store_config import StoreConfig, parse_store  # StoreConfig: re-exported
 from lockservice.node import parse_node_url
 from lockservice.placement import GroupSpec
 
@@ -77,19 +78,9 @@ __all__ = [
     "parse_config",
     "redact",
 ]
-Fencing = Literal["token", "lease", "none"]
 VERBS: Final = frozenset({"lock", "read", "write"})
-_STORE_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
 _MAX_WORKERS: Final = 256
-_POSTGRES_ONLY: Final = (
-    "dsn", "schema", "table", "key_column", "columns", "pool_min", "pool_max",
-    "command_timeout_ms", "acquire_timeout_ms",
-)  # fmt: skip
-_S3_ONLY: Final = (
-    "endpoint", "bucket", "region", "prefix", "access_key_id", "secret_access_key",
-)  # fmt: skip
-_S3_BUCKET: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,47 +117,6 @@ class LocksConfig:
     default_ttl: float = 10.0
     default_wait: float = 0.0
     issued_cache_size: int = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class StoreConfig:
-    """``[stores.<name>]``."""
-
-    name: str
-    type: Literal["postgres", "mysql", "files", "s3"]
-    fencing: Fencing = "token"
-    dsn: str | None = field(default=None, repr=False)
-    schema: str = "public"
-    pool_min: int = 1
-    pool_max: int = 10
-    command_timeout: float = 10.0
-    acquire_timeout: float = 5.0
-    table: str | None = None
-    key_column: str | None = None
-    columns: tuple[str, ...] = ()
-    root: str | None = None
-    endpoint: str | None = None
-    bucket: str | None = None
-    region: str = "us-east-1"
-    prefix: str = ""
-    access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-
-    def describe(self) -> str:
-        """One line for the log, without secrets."""
-        if self.type == "files":
-            what = f"files under {self.root}"
-        elif self.type == "s3":
-            where = redact(self.endpoint) if self.endpoint else "AWS"
-            what = f"s3 bucket {self.bucket} at {where} ({self.region}), prefix {self.prefix!r}"
-        elif self.table:
-            what = f"{self.type} table {self.table} ({self.key_column}; {', '.join(self.columns)})"
-            what += f" at {redact(self.dsn or '')}"
-        elif self.type == "mysql":
-            what = f"mysql key-value at {redact(self.dsn or '')}"
-        else:
-            what = f"postgres key-value at {redact(self.dsn or '')} schema {self.schema}"
-        return f"store {self.name!r}: {what}, fencing={self.fencing}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +218,7 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
     locks = _parse_locks(r, r.table(raw, "locks"))
     stores: dict[str, StoreConfig] = {}
     for name, table in r.table(raw, "stores").items():
-        stores[name] = _parse_store(r, name, table)
+        stores[name] = parse_store(r, name, table)
     keys = _parse_auth(r, r.table(raw, "auth"))
     listen = _address(r, raw, "listen") or Address("127.0.0.1", 8080)
     tls_raw = r.table(raw, "tls")
@@ -439,184 +389,6 @@ def _one_group_per_node(r: Reader, specs: Sequence[GroupSpec], path: str, raw: o
         for label in labels:
             if seen.setdefault(label, spec.id) != spec.id:
                 r.fail(path, raw, f"node {label} is in two groups ({seen[label]}, {spec.id})")
-
-
-def _parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
-    where = f"stores.{name}"
-    if not _STORE_NAME.fullmatch(name):
-        r.fail(where, name, "a store name is 1-64 characters of A-Z a-z 0-9 _ -")
-    if not isinstance(t, Mapping):
-        r.fail(where, t, "must be a table")
-    r.known(t, STORE_KEYS, where)
-    if "type" not in t:
-        came_from = sorted({o for p, o in r.origins.items() if p.startswith(f"{where}.")})
-        source = f" (the store comes from {', '.join(came_from)})" if came_from else ""
-        env = f"FENCEGATE_STORES_{name.upper().replace('-', '_')}_TYPE"
-        raise ConfigError(
-            f"config {where + '.type'!r} is not set{source}: a store needs type = "
-            f"'postgres', 'mysql', 'files' or 's3' (in the file, or {env}=postgres)"
-        )
-    kind = r.choice(t, "type", f"{where}.type", ("postgres", "mysql", "files", "s3"), None)
-    fencing = r.choice(t, "fencing", f"{where}.fencing", ("token", "lease", "none"), "token")
-    if kind != "s3":
-        for key in _S3_ONLY:
-            if key in t:
-                r.fail(f"{where}.{key}", t[key], "only for type = 's3'")
-    if kind == "s3":
-        return _parse_s3(r, name, t, cast(Fencing, fencing))
-    if kind == "files":
-        for key in _POSTGRES_ONLY:
-            if key in t:
-                r.fail(f"{where}.{key}", t[key], "only for type = 'postgres' or 'mysql'")
-        root = r.string(t, "root", f"{where}.root")
-        if root is None:
-            r.fail(f"{where}.root", None, "a files store needs root = <directory>")
-        return StoreConfig(name, "files", cast(Fencing, fencing), root=root)
-    if "root" in t:
-        r.fail(f"{where}.root", t["root"], "only for type = 'files'")
-    dsn = r.string(t, "dsn", f"{where}.dsn")
-    if kind == "mysql":
-        if "schema" in t:
-            r.fail(f"{where}.schema", t["schema"], "a mysql store uses the DSN's database")
-        problem = _mysql_dsn_problem(dsn)
-        if problem:
-            r.fail(f"{where}.dsn", dsn, problem)
-    else:
-        problem = _postgres_dsn_problem(dsn)
-        if problem:
-            r.fail(f"{where}.dsn", dsn, problem)
-    table = r.string(t, "table", f"{where}.table")
-    key_column = r.string(t, "key_column", f"{where}.key_column")
-    columns = r.strings(t, "columns", f"{where}.columns")
-    if table is None and (key_column is not None or columns):
-        bad = "key_column" if key_column is not None else "columns"
-        r.fail(f"{where}.{bad}", t[bad], "only with table = <an existing table>")
-    if table is not None:
-        if key_column is None:
-            r.fail(f"{where}.key_column", None, f"table {table!r} needs key_column")
-        if not columns:
-            r.fail(f"{where}.columns", [], "name the columns a client may write")
-        if len(set(columns)) != len(columns) or key_column in columns:
-            r.fail(f"{where}.columns", columns, "repeats a column or the key column")
-    pool_min = r.integer(t, "pool_min", f"{where}.pool_min", 1, low=0)
-    pool_max = r.integer(t, "pool_max", f"{where}.pool_max", 10, low=1)
-    if pool_min > pool_max:
-        r.fail(f"{where}.pool_min", pool_min, f"exceeds pool_max ({pool_max})")
-    return StoreConfig(
-        name,
-        cast(Literal["postgres", "mysql"], kind),
-        cast(Fencing, fencing),
-        dsn=dsn,
-        schema=r.string(t, "schema", f"{where}.schema") or "public",
-        pool_min=pool_min,
-        pool_max=pool_max,
-        command_timeout=r.ms(t, "command_timeout_ms", f"{where}.command_timeout_ms", 10_000),
-        acquire_timeout=r.ms(t, "acquire_timeout_ms", f"{where}.acquire_timeout_ms", 5_000),
-        table=table,
-        key_column=key_column,
-        columns=columns,
-    )
-
-
-def _parse_s3(r: Reader, name: str, t: Mapping[str, Any], fencing: Fencing) -> StoreConfig:
-    where = f"stores.{name}"
-    for key in (*_POSTGRES_ONLY, "root"):
-        if key in t and key != "command_timeout_ms":
-            r.fail(f"{where}.{key}", t[key], "not a key of type = 's3'")
-    bucket = r.string(t, "bucket", f"{where}.bucket")
-    if bucket is None or not _S3_BUCKET.fullmatch(bucket):
-        r.fail(
-            f"{where}.bucket",
-            bucket,
-            "an s3 store needs bucket = <an existing bucket> (3-63 of a-z 0-9 . -)",
-        )
-    endpoint = r.string(t, "endpoint", f"{where}.endpoint")
-    if endpoint is not None:
-        try:
-            parts = urlsplit(endpoint)
-            parts.port  # noqa: B018  # raises ValueError for a bad port
-        except ValueError as exc:
-            r.fail(
-                f"{where}.endpoint", redact(endpoint), f"must be an http:// or https:// URL ({exc})"
-            )
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            r.fail(f"{where}.endpoint", redact(endpoint), "must be an http:// or https:// URL")
-    region = r.string(t, "region", f"{where}.region") or "us-east-1"
-    prefix = r.string(t, "prefix", f"{where}.prefix") or ""
-    if len(prefix.encode()) > 512 or "\x00" in prefix:
-        r.fail(f"{where}.prefix", prefix, "must be at most 512 bytes, without NUL")
-    key_id = r.string(t, "access_key_id", f"{where}.access_key_id")
-    secret = r.string(t, "secret_access_key", f"{where}.secret_access_key")
-    if (key_id is None) != (secret is None):
-        missing = "secret_access_key" if secret is None else "access_key_id"
-        r.fail(
-            f"{where}.{missing}",
-            None,
-            "set access_key_id and secret_access_key together, or neither"
-            " (then AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are used)",
-        )
-    return StoreConfig(
-        name,
-        "s3",
-        fencing,
-        command_timeout=r.ms(t, "command_timeout_ms", f"{where}.command_timeout_ms", 10_000),
-        endpoint=endpoint,
-        bucket=bucket,
-        region=region,
-        prefix=prefix,
-        access_key_id=key_id,
-        secret_access_key=secret,
-    )
-
-
-def _postgres_dsn_problem(dsn: str | None) -> str | None:
-    """What is wrong with a postgres store's DSN (None when nothing is).
-
-    asyncpg parses the DSN only when the store starts, and a malformed port there is a
-    ``ValueError`` out of its parser, not a connection error: check what it would choke on.
-    """
-    needs = "a postgres store needs dsn = 'postgresql://...'"
-    if dsn is None:
-        return needs
-    try:
-        parts = urlsplit(dsn)
-    except ValueError as exc:
-        return f"{needs} ({exc})"
-    if parts.scheme not in ("postgresql", "postgres"):
-        return needs
-    # libpq's host list: host[:port][,host[:port]...]; the ports of ?port= count too.
-    ports = [_pg_port(spec) for spec in parts.netloc.rpartition("@")[2].split(",")]
-    ports += [p for q in parse_qs(parts.query).get("port", []) for p in q.split(",")]
-    for port in ports:
-        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-            return f"{needs} (port {port!r} is not a number from 1 to 65535)"
-    return None
-
-
-def _pg_port(spec: str) -> str:
-    """The port of one ``host[:port]`` of a DSN's host list ('' when none is given)."""
-    if spec.startswith("["):  # [IPv6]:port
-        return spec.partition("]")[2].removeprefix(":")
-    return spec.partition(":")[2]
-
-
-def _mysql_dsn_problem(dsn: str | None) -> str | None:
-    """What is wrong with a mysql store's DSN (None when nothing is)."""
-    needs = "a mysql store needs dsn = 'mysql://user:pass@host:3306/database'"
-    if dsn is None:
-        return needs
-    try:
-        parts = urlsplit(dsn)
-        parts.port  # noqa: B018  # raises ValueError for a bad port
-    except ValueError as exc:
-        return f"{needs} ({exc})"
-    if parts.scheme != "mysql" or not parts.hostname:
-        return needs
-    if not parts.path.strip("/") or "/" in parts.path.strip("/"):
-        return f"{needs}: it names no database"
-    if parts.query or parts.fragment:
-        return "a mysql dsn takes no ?options or #fragment"
-    return None
 
 
 def _parse_auth(r: Reader, t: Mapping[str, Any]) -> tuple[ApiKey, ...]:

@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from gateway.config import StoreConfig
+    from gateway.store_config import StoreConfig
 
 __all__ = ["add_parser"]
 

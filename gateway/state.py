@@ -14,10 +14,11 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.config import ApiKey, Config, StoreConfig
+from gateway.config import ApiKey, Config
 from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
 from gateway.shared import SharedDir
+from gateway.store_config import StoreConfig
 from lockservice import LockManager
 from storage_adapters.base import FencedStore
 
