@@ -37,6 +37,7 @@ CLIENT_MODULES = frozenset(
         "gateway._client_base",
         "gateway.cli",
         "gateway.client",
+        "gateway.client_cli",
         "gateway.groups_cli",
         "gateway.pg_cli",
         "gateway.run",
