@@ -20,7 +20,8 @@ import storage_adapters
 from gateway.app import create_app
 from gateway.config import parse_config
 from storage_adapters import BadValue, FileStore, NotFound, StaleToken, StorageUnavailable
-from storage_adapters.files import HIDDEN, key_segments
+from storage_adapters.file_paths import key_segments
+from storage_adapters.files import HIDDEN
 from tests._gateway import Client, ServeClient
 from tests.storage_adapters.test_fencing import Attempt, check_fenced_history, watch_values
 
