@@ -32,23 +32,24 @@ UNAVAILABLE: Final = 3
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the client verbs on the ``fencegate`` command's subparsers."""
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument(
         "--url",
         default=os.environ.get("FENCEGATE_URL", DEFAULT_URL),
         help=f"the gateway, http:// or https:// ($FENCEGATE_URL, default {DEFAULT_URL})",
     )
-    common.add_argument(
+    connection.add_argument(
         "--api-key",
         default=os.environ.get("FENCEGATE_API_KEY"),
         help="sent as 'Authorization: Bearer KEY' ($FENCEGATE_API_KEY)",
     )
-    common.add_argument(
+    connection.add_argument(
         "--cacert", metavar="FILE", help="trust this CA (PEM) for https, e.g. a private CA"
     )
-    common.add_argument(
+    connection.add_argument(
         "--insecure", action="store_true", help="https without checking the certificate"
     )
+    common = argparse.ArgumentParser(add_help=False, parents=[connection])
     common.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def verb(name: str, func: Any, help: str) -> argparse.ArgumentParser:
@@ -89,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("name")
     p = sub.add_parser(
         "run",
-        parents=[common],
+        parents=[connection],  # no --json: the command's own output is run's output
         usage="fencegate run NAME [--ttl-ms N] [--wait-ms N] [--shared | --permits N] [options] "
         "-- CMD [ARGS...]",
         help="run a command while holding a lock (renewed; exit 75 if the lease is lost)",

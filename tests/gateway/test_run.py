@@ -197,6 +197,11 @@ def test_the_cli_runs_a_command_under_the_lock_and_exits_with_its_status(
         none = subprocess.run([*fencegate, "jobs/cli"], capture_output=True, text=True, timeout=30)
         assert none.returncode == 2
         assert "needs a command" in none.stderr
+        # run prints nothing of its own to shape: --json is refused, not ignored
+        flagged = [*fencegate, "jobs/cli", "--json", "--", PY, "-c", "pass"]
+        refused = subprocess.run(flagged, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 2
+        assert "unrecognized arguments: --json" in refused.stderr
     finally:
         gateway.terminate()
         gateway.wait(30)
