@@ -29,6 +29,17 @@ USAGE: Final = 2
 UNAVAILABLE: Final = 3
 
 
+def _named(what: str) -> Any:
+    """An argparse type: any non-empty text (an empty one would name no route: 404)."""
+
+    def check(value: str) -> str:
+        if not value:
+            raise argparse.ArgumentTypeError(f"the {what} must not be empty")
+        return value
+
+    return check
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the client verbs on the ``fencegate`` command's subparsers."""
 
@@ -64,30 +75,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     permits_help = f"how many leases may hold it at once (1..{MAX_PERMITS}; all holders agree)"
     sem_help = "the lease is a semaphore's (from 'fencegate semaphore')"
     p = verb("lock", _lock, "take a lock and print its token and lease_id")
-    p.add_argument("name")
+    p.add_argument("name", type=_named("name"))
     p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
     p.add_argument("--wait-ms", type=int, default=0, help=wait_help)
     p.add_argument("--shared", action="store_true", help="a shared lock (many holders at once)")
     p.add_argument("--idempotency-key", metavar="KEY", help=key_help)
     p = verb("semaphore", _semaphore, "take one of N leases of a semaphore")
-    p.add_argument("name")
+    p.add_argument("name", type=_named("name"))
     p.add_argument("--permits", type=int, required=True, help=permits_help)
     p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
     p.add_argument("--wait-ms", type=int, default=0, help=wait_help)
     p.add_argument("--idempotency-key", metavar="KEY", help=key_help)
     p = verb("renew", _renew, "extend a lease")
-    p.add_argument("name")
+    p.add_argument("name", type=_named("name"))
     p.add_argument("--lease-id", required=True, help=lease_help)
     p.add_argument(
         "--ttl-ms", type=int, default=10_000, help="the new ttl from now (default 10000)"
     )
     p.add_argument("--semaphore", action="store_true", help=sem_help)
     p = verb("unlock", _unlock, "release a lease")
-    p.add_argument("name")
+    p.add_argument("name", type=_named("name"))
     p.add_argument("--lease-id", required=True, help=lease_help)
     p.add_argument("--semaphore", action="store_true", help=sem_help)
     p = verb("status", _status, "show whether a lock is held, in which mode, by how many")
-    p.add_argument("name")
+    p.add_argument("name", type=_named("name"))
     p = sub.add_parser(
         "run",
         parents=[connection],  # no --json: the command's own output is run's output
@@ -96,7 +107,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="run a command while holding a lock (renewed; exit 75 if the lease is lost)",
     )
     p.set_defaults(handler=_run, verb="run")
-    p.add_argument("name")
+    p.add_argument("name", type=_named("name"))
     p.add_argument("--ttl-ms", type=int, default=10_000, help=ttl_help)
     p.add_argument("--wait-ms", type=int, default=0, help=wait_help)
     kind = p.add_mutually_exclusive_group()
@@ -109,8 +120,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ("delete", _delete, "delete a key, fenced by a token"),
     ):
         p = verb(name, func, help)
-        p.add_argument("store")
-        p.add_argument("key")
+        p.add_argument("store", type=_named("store"))
+        p.add_argument("key", type=_named("key"))
         p.add_argument("--token", type=int, help="the fencing token of the lock STORE/KEY")
         p.add_argument("--lock", help="the fence lock, if not STORE/KEY (X-Fencing-Lock)")
         if name == "put":

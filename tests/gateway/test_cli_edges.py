@@ -79,6 +79,21 @@ def test_a_lock_name_ending_in_renew_is_refused_by_name(
     assert "wait_ms" not in err
 
 
+def test_an_empty_name_or_key_is_a_usage_error_not_a_404(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # never reached
+    for argv, what in (
+        (("lock", ""), "the name"),
+        (("status", ""), "the name"),
+        (("get", "files", ""), "the key"),
+        (("put", "", "k", "--token", "1"), "the store"),
+    ):
+        status, _, err = run(capsys, *argv, "--url", url)
+        assert status == 2, (argv, err)
+        assert f"{what} must not be empty" in err, err
+
+
 async def served(start: Start, files_root: Path) -> str:
     stores = {"files": {"type": "files", "root": str(files_root)}}
     client: Client = await start(make_config(stores=stores, auth=auth_section()))
