@@ -227,6 +227,18 @@ class StorageUnavailable(FencegateError):
     """503 storage_unavailable."""
 
 
+class StorageConfig(FencegateError):
+    """503 storage_config: the store's table or bucket does not match its configuration."""
+
+
+class StorageCorrupt(FencegateError):
+    """503 storage_corrupt: the key's fencing metadata was changed around the gateway."""
+
+
+class RequestTimeout(FencegateError):
+    """503 request_timeout: the gateway cut the request off at its request_timeout_ms."""
+
+
 class ShuttingDown(FencegateError):
     """503 shutting_down: retry on another replica."""
 
@@ -251,6 +263,9 @@ BY_CODE: Final[Mapping[str, type[FencegateError]]] = {
     "token_required": TokenRequired,
     "quorum_unavailable": QuorumUnavailable,
     "storage_unavailable": StorageUnavailable,
+    "storage_config": StorageConfig,
+    "storage_corrupt": StorageCorrupt,
+    "request_timeout": RequestTimeout,
     "shutting_down": ShuttingDown,
 }
 

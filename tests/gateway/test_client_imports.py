@@ -46,3 +46,36 @@ async def run_probe(mode: str, url: str) -> tuple[int, str, str]:
 async def test_a_client_works_without_the_server_dependencies(mode: str, url: str) -> None:
     code, out, err = await run_probe(mode, url)
     assert (code, out.strip()) == (0, "ok"), err
+
+
+def test_every_error_code_a_request_can_meet_has_a_client_class() -> None:
+    """The client raises a class of its own for each code the gateway answers with
+    (``gateway.errors.STATUS``), not a bare FencegateError."""
+    from gateway import errors
+    from gateway._client_base import BY_CODE
+
+    # a method or route the clients never send; 500s are bugs, not refusals
+    not_for_clients = {"method_not_allowed", "route_not_found"}
+    codes = set()
+    for cls, status in errors.STATUS.items():
+        code = getattr(cls, "code", None)
+        if status < 500 or status == 503:
+            assert isinstance(code, str), cls
+            codes.add(code)
+        # subclasses answer with their own codes at their base's status
+        codes |= {
+            sub.code
+            for sub in _subclasses(cls)
+            if isinstance(getattr(sub, "code", None), str)
+            and errors.STATUS.get(sub) is None
+            and (status < 500 or status == 503)
+        }
+    missing = sorted(codes - not_for_clients - set(BY_CODE))
+    assert not missing, missing
+
+
+def _subclasses(cls: type) -> set[type]:
+    found: set[type] = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_subclasses(sub)}
+    return found
