@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import os
+import ssl
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -145,6 +146,16 @@ def _make_client(args: argparse.Namespace) -> FencegateClient | None:
         return None
 
 
+def _untrusted(exc: BaseException) -> bool:
+    """The gateway's TLS certificate failed verification (the cause of ``exc``)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _client_verb(
     verb: Callable[[FencegateClient, argparse.Namespace], Coroutine[Any, Any, object]],
 ) -> Callable[[argparse.Namespace], int]:
@@ -158,6 +169,10 @@ def _client_verb(
                 try:
                     result = await verb(client, args)
                 except FencegateError as exc:
+                    if _untrusted(exc):  # no retry helps: the client's own trust is wrong
+                        print(f"fencegate: {exc}; trust its CA with --cacert FILE "
+                              "(or --insecure, tests only)", file=sys.stderr)  # fmt: skip
+                        return USAGE
                     print(f"fencegate: {_refusal(exc, args)}", file=sys.stderr)
                     return REFUSED if 400 <= exc.status < 500 else UNAVAILABLE
                 except ValueError as exc:
