@@ -20,14 +20,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from gateway.client import FencegateClient, FencegateError, Lease, LockHeld, TokenRequired
+from gateway.exit_codes import REFUSED, UNAVAILABLE, USAGE
 from lockservice.lease import MAX_PERMITS
 
 __all__ = ["REFUSED", "UNAVAILABLE", "USAGE", "add_parser"]
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
-REFUSED: Final = 1
-USAGE: Final = 2
-UNAVAILABLE: Final = 3
 
 
 def _named(what: str) -> Any:

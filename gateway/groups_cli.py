@@ -9,8 +9,9 @@
 with the old one is left): it copies the counters of every moved lock name
 into its new group and waits until the leases holding a moved name in its old
 group expired there. Then gateways may drop ``previous_groups``. Exit status:
-0 done, 1 refused (bad config, no ``previous_groups``), 3 a node did not answer
-or is not synced in its current run, "resync pending" (run it again).
+0 done, 1 refused (bad config, no ``previous_groups``), 2 no config given, 3 a
+node did not answer or is not synced in its current run, "resync pending" (run
+it again).
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any, Final
+from typing import Any
+
+from gateway.exit_codes import REFUSED, UNAVAILABLE, USAGE
 
 __all__ = ["add_parser"]
-
-REFUSED: Final = 1
-UNAVAILABLE: Final = 3
 
 
 def add_parser(subparsers: Any) -> None:
@@ -51,7 +51,7 @@ def _carry(args: argparse.Namespace) -> int:
 
     if not args.config:
         print("fencegate groups: --config FILE is required (or FENCEGATE_CONFIG)", file=sys.stderr)
-        return REFUSED
+        return USAGE
     try:
         config = load_config(args.config, env=os.environ)
     except ConfigError as exc:

@@ -15,15 +15,14 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
+
+from gateway.exit_codes import REFUSED, UNAVAILABLE, USAGE
 
 if TYPE_CHECKING:
     from gateway.store_config import StoreConfig
 
 __all__ = ["add_parser"]
-
-REFUSED: Final = 1
-UNAVAILABLE: Final = 3
 
 
 def add_parser(subparsers: Any) -> None:
@@ -66,7 +65,7 @@ def _handler(args: argparse.Namespace) -> int:
 
     if not args.config:
         print("fencegate pg: --config FILE is required (or FENCEGATE_CONFIG)", file=sys.stderr)
-        return REFUSED
+        return USAGE
     try:
         config = load_config(args.config, env=os.environ)
     except ConfigError as exc:

@@ -38,6 +38,7 @@ CLIENT_MODULES = frozenset(
         "gateway.cli",
         "gateway.client",
         "gateway.client_cli",
+        "gateway.exit_codes",
         "gateway.groups_cli",
         "gateway.pg_cli",
         "gateway.run",

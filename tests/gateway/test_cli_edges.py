@@ -56,6 +56,16 @@ def test_every_config_option_says_it_defaults_to_fencegate_config(
         assert "$FENCEGATE_CONFIG" in " ".join(out.split()), verb
 
 
+def test_no_config_at_all_is_a_usage_error_for_every_verb_that_needs_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FENCEGATE_CONFIG", raising=False)
+    for verb in (["check-config"], ["pg", "install-fencing", "--store", "s"], ["groups", "carry"]):
+        status, _, err = run(capsys, *verb)
+        assert status == 2, (verb, err)
+        assert "FENCEGATE_CONFIG" in err, err
+
+
 def test_a_url_without_a_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(capsys, "status", "x", "--url", "localhost:8080")
     assert status == 2
