@@ -13,6 +13,9 @@ for starting the gateway and reading its /metrics, outside the measured window.
 * fencegate: one gateway process (``python -m gateway serve``) on three
   redis-server nodes of the run's own, and the PostgreSQL at
   ``$FENCEGATE_TEST_PG_DSN`` for the fenced write (a schema of the run's own);
+  for 32 clients and the fenced write also ``serve --workers 2`` (one worker per
+  core, as a host runs it) on the same nodes: one gateway process is bound by its
+  one core there, while etcd's members use every core;
 * etcd: a 3-member cluster on loopback (free ports, temp data dirs), once with
   its WAL fsync (etcd's default) and once with ``--unsafe-no-fsync`` (the
   Redis nodes keep nothing on disk either), reached through etcd's JSON
@@ -32,8 +35,9 @@ a fenced write, 32 clients each holding its own lock, 256-byte values
 comparing the lock key's create revision, then a put).
 
 Server CPU per op is read from /proc (utime + stime) of every server process:
-fencegate's gateway and Redis nodes, and for the write the PostgreSQL backends
-of the gateway's pool (found by ``application_name``); etcd's three members.
+fencegate's gateway (with its workers) and Redis nodes, and for the write the
+PostgreSQL backends of the gateway's pool (found by ``application_name``, one per
+gateway); etcd's three members.
 On a small shared machine that ratio survives neighbours better than rates.
 Cases alternate their order from round to round; a cell is the median over the
 rounds, a ratio the median of per-round ratios with its min..max.
@@ -84,6 +88,7 @@ from benchmarks.gateway import (
     Gateway,
     Refused,
     _rounded,
+    children,
     combine,
     pct,
     proc_cpu,
@@ -98,6 +103,11 @@ CONTENDERS: Final = 8
 HOLD: Final = 0.001
 POOL: Final = 10
 FENCEGATE: Final = "fencegate (3 Redis nodes)"
+FENCEGATE_W2: Final = "fencegate --workers 2 (3 Redis nodes)"
+FENCEGATES: Final = (FENCEGATE, FENCEGATE_W2)
+# where one gateway process is bound by its one core (etcd's members use every core):
+# the same load against `serve --workers 2` as well, one worker per core
+SCALED: Final = ("32_clients", "fenced_write")
 ETCD: Final = "etcd 3-member, fsync"
 ETCD_NOFSYNC: Final = "etcd 3-member, --unsafe-no-fsync"
 INSTALL: Final = ["apt-get", "install", "-y", "etcd-server", "etcd-client"]
@@ -473,8 +483,8 @@ async def main(args: argparse.Namespace) -> None:
         ETCD_NOFSYNC: EtcdCluster(binary, workdir / "etcd-nofsync", fsync=False),
     }
     schema = f"fg_etcdbench_{uuid.uuid4().hex[:10]}"
-    app_name = schema  # the gateway's PostgreSQL backends carry it: their CPU is fencegate's
-    dsn = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}application_name={app_name}"
+    # each gateway's PostgreSQL backends carry its own name: their CPU is that side's
+    app_names = {FENCEGATE: schema, FENCEGATE_W2: f"{schema}_w2"}
     body = bytes(i % 251 for i in range(args.body_bytes))
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -486,9 +496,9 @@ async def main(args: argparse.Namespace) -> None:
         "load_generator": GENERATOR,
     }
     conn = await asyncpg.connect(PG_DSN)
-    gw: Gateway | None = None
+    gateways: dict[str, Gateway] = {}
     http: aiohttp.ClientSession | None = None
-    pool: Pool | None = None
+    pools: dict[str, Pool] = {}
     try:
         for node in nodes:
             node.start()
@@ -499,36 +509,50 @@ async def main(args: argparse.Namespace) -> None:
         for cluster in clusters.values():
             await cluster.ready()
         results["etcd"] = {"version": clusters[ETCD].version, "api": clusters[ETCD].api}
-        stores = {"pg": {"type": "postgres", "dsn": dsn, "schema": schema, "pool_max": POOL}}
-        gw = await start_gateway(http, workdir, "etcd-bench", [n.url for n in nodes], stores)
+        redis_urls = [n.url for n in nodes]
         redis_pids = [n.proc.pid for n in nodes if n.proc is not None]
-        pool = Pool.for_url(gw.url, CLIENTS)
-
-        async def pg_backends() -> list[int]:
-            rows = await conn.fetch(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app_name
+        fg_servers: dict[str, Servers] = {}
+        fg_put_servers: dict[str, Servers] = {}
+        for side, workers in ((FENCEGATE, 1), (FENCEGATE_W2, 2)):
+            dsn = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}application_name={app_names[side]}"
+            stores = {"pg": {"type": "postgres", "dsn": dsn, "schema": schema, "pool_max": POOL}}
+            gw = gateways[side] = await start_gateway(
+                http, workdir, f"etcd-bench-w{workers}", redis_urls, stores, workers=workers
             )
-            return [r["pid"] for r in rows]
+            pools[side] = Pool.for_url(gw.url, CLIENTS)
+            # the gateway process and its workers (their pids stay: none is restarted)
+            gw_pids = [gw.proc.pid, *children(gw.proc.pid)]
 
-        async def fencegate_put_pids() -> list[int]:
-            return [gw.proc.pid, *redis_pids, *await pg_backends()]
+            async def put_pids(
+                gw_pids: list[int] = gw_pids, name: str = app_names[side]
+            ) -> list[int]:
+                rows = await conn.fetch(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1", name
+                )
+                return [*gw_pids, *redis_pids, *(r["pid"] for r in rows)]
 
-        fg_servers = Servers(fixed([gw.proc.pid, *redis_pids]))
-        fg_put_servers = Servers(fencegate_put_pids)
+            fg_servers[side] = Servers(fixed([*gw_pids, *redis_pids]))
+            fg_put_servers[side] = Servers(put_pids)
         etcd_servers = {k: Servers(fixed(c.pids())) for k, c in clusters.items()}
         waits = Waits()
         ttl_ms = int((args.seconds + 60) * 1000)
 
-        scenarios: dict[str, list[Entry]] = {
-            "one_client": [(FENCEGATE, fencegate_lock_case(FENCEGATE, pool, gw, 1), fg_servers,
-                            None)],
-            "32_clients": [(FENCEGATE, fencegate_lock_case(FENCEGATE, pool, gw, CLIENTS),
-                            fg_servers, None)],
-            "contention": [(FENCEGATE, fencegate_contention_case(FENCEGATE, pool, gw, waits),
-                            fg_servers, waits)],
-            "fenced_write": [(FENCEGATE, fencegate_put_case(FENCEGATE, pool, gw, "pg", body,
-                                                            ttl_ms), fg_put_servers, None)],
-        }  # fmt: skip
+        scenarios: dict[str, list[Entry]] = {key: [] for key in NOTES}
+        for side in FENCEGATES:
+            pool, gw, srv = pools[side], gateways[side], fg_servers[side]
+            entries = {
+                "one_client": (fencegate_lock_case(side, pool, gw, 1), srv, None),
+                "32_clients": (fencegate_lock_case(side, pool, gw, CLIENTS), srv, None),
+                "contention": (fencegate_contention_case(side, pool, gw, waits), srv, waits),
+                "fenced_write": (
+                    fencegate_put_case(side, pool, gw, "pg", body, ttl_ms),
+                    fg_put_servers[side],
+                    None,
+                ),
+            }
+            for key, (case, servers, w) in entries.items():
+                if side == FENCEGATE or key in SCALED:
+                    scenarios[key].append((side, case, servers, w))
         for label, cluster in clusters.items():
             srv = etcd_servers[label]
             scenarios["one_client"].append((label, etcd_lock_case(label, cluster, 1), srv, None))
@@ -560,9 +584,9 @@ async def main(args: argparse.Namespace) -> None:
         results["per_round"] = per_round
         results["machine_load"] = os.getloadavg()
     finally:
-        if pool is not None:
+        for pool in pools.values():
             pool.close()
-        if gw is not None:
+        for gw in gateways.values():
             await gw.stop()
         if http is not None:
             await http.close()
@@ -585,28 +609,33 @@ TARGETS: Final = {"ops_per_s": (2.0, 1.5), "server_cpu_us": (2.0, 2.0)}
 def ratios(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     scenarios = list(per_round[0])
-    for key in scenarios:
-        for other, which in ((ETCD, 0), (ETCD_NOFSYNC, 1)):
-            for metric, targets in TARGETS.items():
-                values = []
-                for r in per_round:
-                    fg = r[key].get(FENCEGATE, {}).get(metric)
-                    et = r[key].get(other, {}).get(metric)
-                    if fg and et:
-                        values.append(fg / et if metric == "ops_per_s" else et / fg)
-                if not values:
-                    continue
-                med = statistics.median(values)
-                out[f"{key} vs {other} by {metric}"] = {
-                    "scenario": key,
-                    "versus": other,
-                    "metric": metric,
-                    "median": med,
-                    "min": min(values),
-                    "max": max(values),
-                    "target": targets[which],
-                    "ok": med >= targets[which],
-                }
+    for key, side, other, which, metric in (
+        (key, side, other, which, metric)
+        for key in scenarios
+        for side in FENCEGATES
+        for other, which in ((ETCD, 0), (ETCD_NOFSYNC, 1))
+        for metric in TARGETS
+    ):
+        targets = TARGETS[metric]
+        values = []
+        for r in per_round:
+            fg = r[key].get(side, {}).get(metric)
+            et = r[key].get(other, {}).get(metric)
+            if fg and et:
+                values.append(fg / et if metric == "ops_per_s" else et / fg)
+        if values:
+            med = statistics.median(values)
+            scenario = key if side == FENCEGATE else f"{key}, --workers 2"
+            out[f"{scenario} vs {other} by {metric}"] = {
+                "scenario": scenario,
+                "versus": other,
+                "metric": metric,
+                "median": med,
+                "min": min(values),
+                "max": max(values),
+                "target": targets[which],
+                "ok": med >= targets[which],
+            }
     return out
 
 
@@ -653,7 +682,9 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.seconds:g} s a case, "
         f"{args.rounds} round(s) in alternating order (a cell is the median over the rounds). "
         f"etcd {etcd.get('version', '?')} from Debian, 3 members on loopback, JSON gateway "
-        f"at `{etcd.get('api', '?')}`; fencegate: one gateway process on 3 redis-server nodes, "
+        f"at `{etcd.get('api', '?')}`; fencegate: one gateway process on 3 redis-server nodes "
+        f"(for {' and '.join(SCALED)} also `serve --workers 2`, one worker per core, as "
+        "etcd's members use every core), "
         f"PostgreSQL at `{results['postgres']}`. One load generator for both: "
         f"{results['load_generator']}, not aiohttp, so that it takes little of the servers' "
         "CPU on a small machine (its own CPU per op is a column). Server CPU: utime + stime "

@@ -64,6 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._report import command, md_table, save, write_json
 from gateway.config import redact
+from gateway.shared import SharedDir
 from lockservice import LockManager
 from storage_adapters import FencedStore, FileStore, PostgresStore
 from tests._servers import RedisNode, free_port
@@ -208,11 +209,14 @@ def _toml(value: object) -> str:
     return json.dumps(str(value))  # a JSON string is a TOML basic string
 
 
-def config_toml(port: int, redis: list[str], stores: Mapping[str, Mapping[str, object]]) -> str:
+def config_toml(
+    port: int, redis: list[str], stores: Mapping[str, Mapping[str, object]], workers: int = 1
+) -> str:
     lines = [
         f'listen = "127.0.0.1:{port}"',
         "shutdown_timeout_ms = 5000",
         "shutdown_grace_ms = 0",
+        f"workers = {workers}",
         "",
         "[locks]",
     ]
@@ -239,11 +243,13 @@ async def start_gateway(
     *,
     log_level: str = "info",
     profile: Path | None = None,
+    workers: int = 1,
 ) -> Gateway:
-    """Start a gateway on a free loopback port and wait until /readyz says 200."""
+    """Start a gateway on a free loopback port and wait until /readyz says 200 (with
+    ``workers`` > 1: until every worker listens)."""
     port = free_port()
     config = workdir / f"gateway-{name}.toml"
-    config.write_text(config_toml(port, redis, stores))
+    config.write_text(config_toml(port, redis, stores, workers))
     log = workdir / f"gateway-{name}.log"
     serve = ["serve", "--config", str(config), "--log-level", log_level]
     if profile is None:
@@ -252,7 +258,39 @@ async def start_gateway(
         argv = [sys.executable, "-c", PROFILED, str(profile), *serve]
     gw = Gateway(name, _spawn(argv, log), f"http://127.0.0.1:{port}", log)
     await _wait_ready(http, gw)
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while workers > 1 and not workers_listen(gw.proc.pid, workers):
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"{name}: not every worker listens after 30 s; see {log}")
+        await asyncio.sleep(0.1)
     return gw
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (a supervisor's workers)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def workers_listen(pid: int, count: int) -> bool:
+    """``count`` workers of the supervisor ``pid`` marked themselves ready in its shared
+    directory: answers to /readyz may all come from the first while another still starts."""
+    kids = children(pid)
+    if len(kids) != count:
+        return False
+    key = b"PROMETHEUS_MULTIPROC_DIR="
+    for kid in kids:
+        try:
+            environ = Path(f"/proc/{kid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        shared = [e.removeprefix(key).decode() for e in environ if e.startswith(key)]
+        if not shared or not SharedDir(shared[0]).is_ready(kid):
+            return False
+    return True
 
 
 async def start_bare(http: aiohttp.ClientSession, workdir: Path) -> Gateway:

@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks._report import command
+from benchmarks.gateway import children, workers_listen
 from benchmarks.loadgen import (
     CONNECTIONS,
     DESCRIBED,
@@ -95,7 +96,6 @@ from benchmarks.loadgen import (
     lock_route_counts,
     prepare,
 )
-from gateway.shared import SharedDir
 from tests._servers import RedisNode, free_port
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
@@ -183,14 +183,6 @@ def _sum_usage(pids: list[int]) -> dict[str, int]:
     return total
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
 def _machine_busy() -> tuple[int, int]:
     """(busy ticks, all ticks) of the whole machine since boot."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
@@ -205,7 +197,7 @@ class Server:
     case: str
 
     def pids(self) -> list[int]:
-        return [self.proc.pid, *_children(self.proc.pid)]
+        return [self.proc.pid, *children(self.proc.pid)]
 
     def usage(self) -> dict[str, int]:
         return _sum_usage(self.pids())
@@ -245,28 +237,15 @@ def start_server(case: str, redis: list[Redis], tmp: Path) -> Server:
                     ready += r.status == 200
             except OSError:
                 pass
-        if ready == 4 * workers and len(server.pids()) == processes and _all_listen(server):
+        if (
+            ready == 4 * workers
+            and len(server.pids()) == processes
+            and (workers == 1 or workers_listen(proc.pid, workers))
+        ):
             return server
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the gateway did not start; see {tmp}/gateway-{case}.log")
         time.sleep(0.2)
-
-
-def _all_listen(server: Server) -> bool:
-    """Every worker of a supervisor marked itself ready in the shared directory (answers
-    to /readyz may all come from the first worker while the other is still starting)."""
-    if server.case != "2":
-        return True
-    for pid in _children(server.proc.pid):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        key = b"PROMETHEUS_MULTIPROC_DIR="
-        shared = [e.removeprefix(key).decode() for e in environ if e.startswith(key)]
-        if not shared or not SharedDir(shared[0]).is_ready(pid):
-            return False
-    return True
 
 
 def stop_server(server: Server) -> None:
