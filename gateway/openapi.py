@@ -16,24 +16,26 @@ from gateway.openapi_components import (
     JSON,
     STR,
     TOKEN,
-    _error,
-    _object,
-    _ok,
-    _ref,
     components,
+    error_response,
+    object_schema,
+    ok_response,
+    schema_ref,
 )
 from lockservice.lease import MAX_PERMITS
 
 __all__ = ["openapi"]
 
 _AUTH: Final = {
-    "401": _error("no or unknown bearer key, when [auth] is configured", "unauthorized"),
-    "403": _error("the key may not use this verb or name", "forbidden"),
+    "401": error_response("no or unknown bearer key, when [auth] is configured", "unauthorized"),
+    "403": error_response("the key may not use this verb or name", "forbidden"),
 }
-_BAD: Final = {"400": _error("malformed request", "bad_request")}
-_TOO_LARGE: Final = {"413": _error("body above max_body_bytes", "too_large")}
-_QUORUM: Final = {"503": _error("no majority of lock nodes answered", "quorum_unavailable")}
-_LEASE_LOST: Final = {"409": _error("the lease expired or another holds the lock", "lease_lost")}
+_BAD: Final = {"400": error_response("malformed request", "bad_request")}
+_TOO_LARGE: Final = {"413": error_response("body above max_body_bytes", "too_large")}
+_QUORUM: Final = {"503": error_response("no majority of lock nodes answered", "quorum_unavailable")}
+_LEASE_LOST: Final = {
+    "409": error_response("the lease expired or another holds the lock", "lease_lost")
+}
 _RETRY: Final = {"Retry-After": {"schema": INT, "description": "seconds"}}
 _RELEASED: Final = {
     "204": {"description": "released"},
@@ -44,10 +46,10 @@ _RELEASED: Final = {
 }
 _RENEW_BODY: Final = {
     "required": True,
-    "content": {JSON: {"schema": _object(["lease_id"], lease_id=STR, ttl_ms=INT)}},
+    "content": {JSON: {"schema": object_schema(["lease_id"], lease_id=STR, ttl_ms=INT)}},
 }
 _RENEWED: Final = {
-    "200": _ok("renewed", _ref("schemas/Renewal")),
+    "200": ok_response("renewed", schema_ref("schemas/Renewal")),
     **_BAD,
     **_AUTH,
     **_LEASE_LOST,
@@ -81,20 +83,20 @@ _SEMAPHORE_DOC: Final = (
     "gets a new, larger token. Idempotency-Key as for locks."
 )
 _STORE_FAIL: Final = {
-    "400": _error("bad key, token, fence lock or body", "bad_request", "bad_token"),
-    "403": _error(
+    "400": error_response("bad key, token, fence lock or body", "bad_request", "bad_token"),
+    "403": error_response(
         "token greater than any issued for the fence lock, or key outside the bearer "
         "key's prefixes",
         "token_not_issued",
         "forbidden",
     ),
-    "404": _error("no such store", "unknown_store"),
-    "409": _error(
+    "404": error_response("no such store", "unknown_store"),
+    "409": error_response(
         "the token is older than the newest seen for the fence lock (or, with "
         'fencing = "lease", not the holder\'s)',
         "stale_token",
     ),
-    "503": _error("the storage or the lock quorum is unreachable, the store's table no "
+    "503": error_response("the storage or the lock quorum is unreachable, the store's table no "
                   "longer matches its configuration, or the key's fencing metadata was "
                   "written around fencegate", "storage_unavailable",
                   "storage_config", "storage_corrupt", "quorum_unavailable", "shutting_down"),
@@ -145,7 +147,7 @@ def _document() -> dict[str, Any]:
     fenced_write = {
         **_AUTH,
         **_STORE_FAIL,
-        "428": _error("X-Fencing-Token is missing", "token_required"),
+        "428": error_response("X-Fencing-Token is missing", "token_required"),
     }
     return {
         "openapi": "3.1.0",
@@ -169,14 +171,20 @@ def _document() -> dict[str, Any]:
                     "requestBody": {
                         "required": False,
                         "content": {
-                            JSON: {"schema": _object([], ttl_ms=INT, wait_ms=INT, mode=_MODE_FIELD)}
+                            JSON: {
+                                "schema": object_schema(
+                                    [], ttl_ms=INT, wait_ms=INT, mode=_MODE_FIELD
+                                )
+                            }
                         },
                     },
                     "responses": {
-                        "200": _ok("granted", _ref("schemas/Grant")),
+                        "200": ok_response("granted", schema_ref("schemas/Grant")),
                         **_BAD,
                         **_AUTH,
-                        "409": _error("another lease holds it", "lock_held", headers=_RETRY),
+                        "409": error_response(
+                            "another lease holds it", "lock_held", headers=_RETRY
+                        ),
                         **_TOO_LARGE,
                         **_QUORUM,
                     },
@@ -185,7 +193,7 @@ def _document() -> dict[str, Any]:
                     "operationId": "status",
                     "summary": "Whether the name is held, in which mode, by how many leases",
                     "responses": {
-                        "200": _ok("state", _ref("schemas/LockState")),
+                        "200": ok_response("state", schema_ref("schemas/LockState")),
                         **_BAD,
                         **_AUTH,
                         **_QUORUM,
@@ -218,17 +226,17 @@ def _document() -> dict[str, Any]:
                         "required": True,
                         "content": {
                             JSON: {
-                                "schema": _object(
+                                "schema": object_schema(
                                     ["permits"], permits=_PERMITS_FIELD, ttl_ms=INT, wait_ms=INT
                                 )
                             }
                         },
                     },
                     "responses": {
-                        "200": _ok("granted", _ref("schemas/SemaphoreGrant")),
+                        "200": ok_response("granted", schema_ref("schemas/SemaphoreGrant")),
                         **_BAD,
                         **_AUTH,
-                        "409": _error(
+                        "409": error_response(
                             "permits leases are held (lock_held; also while an exclusive or "
                             "shared lock holds the name), or the holders have other permits "
                             "(permits_mismatch, with their permits)",
@@ -244,7 +252,7 @@ def _document() -> dict[str, Any]:
                     "operationId": "semaphore_status",
                     "summary": "The name's state, as GET /v1/locks/{name}",
                     "responses": {
-                        "200": _ok("state", _ref("schemas/LockState")),
+                        "200": ok_response("state", schema_ref("schemas/LockState")),
                         **_BAD,
                         **_AUTH,
                         **_QUORUM,
@@ -278,7 +286,7 @@ def _document() -> dict[str, Any]:
                         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
                     },
                     "responses": {
-                        "200": _ok("written", _ref("schemas/Written")),
+                        "200": ok_response("written", schema_ref("schemas/Written")),
                         **fenced_write,
                         **_TOO_LARGE,
                     },
@@ -300,7 +308,7 @@ def _document() -> dict[str, Any]:
                         },
                         **_AUTH,
                         **_STORE_FAIL,
-                        "404": _error("no such store or key", "unknown_store", "not_found"),
+                        "404": error_response("no such store or key", "unknown_store", "not_found"),
                     },
                 },
                 "delete": {
@@ -332,9 +340,9 @@ def _document() -> dict[str, Any]:
                         }
                     ],
                     "responses": {
-                        "200": _ok(
+                        "200": ok_response(
                             "hot locks",
-                            _object(
+                            object_schema(
                                 ["window_s", "by_wait_time", "by_waits"],
                                 window_s={"type": "number"},
                                 by_wait_time={"type": "array", "items": {"type": "object"}},
@@ -350,14 +358,16 @@ def _document() -> dict[str, Any]:
                 "get": {
                     "operationId": "openapi",
                     "summary": "This document",
-                    "responses": {"200": _ok("OpenAPI 3.1", {"type": "object"})},
+                    "responses": {"200": ok_response("OpenAPI 3.1", {"type": "object"})},
                 }
             },
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
                     "summary": "Liveness",
-                    "responses": {"200": _ok("running", _object(["status"], status=STR))},
+                    "responses": {
+                        "200": ok_response("running", object_schema(["status"], status=STR))
+                    },
                 }
             },
             "/readyz": {
@@ -365,8 +375,10 @@ def _document() -> dict[str, Any]:
                     "operationId": "readyz",
                     "summary": "Readiness: lock quorum and every store answer, not draining",
                     "responses": {
-                        "200": _ok("ready", _ref("schemas/Readiness")),
-                        "503": _ok("not ready; says what is not", _ref("schemas/Readiness")),
+                        "200": ok_response("ready", schema_ref("schemas/Readiness")),
+                        "503": ok_response(
+                            "not ready; says what is not", schema_ref("schemas/Readiness")
+                        ),
                     },
                 }
             },

@@ -10,31 +10,43 @@ from typing import Any, Final
 
 from lockservice.lease import MAX_PERMITS
 
-__all__ = ["INT", "JSON", "STR", "TOKEN", "components"]
+__all__ = [
+    "INT",
+    "JSON",
+    "STR",
+    "TOKEN",
+    "components",
+    "error_response",
+    "object_schema",
+    "ok_response",
+    "schema_ref",
+]
 
 JSON: Final = "application/json"
 _NAME_PATTERN: Final = "^[A-Za-z0-9._~:/-]{1,512}$"
 
 
-def _ref(name: str) -> dict[str, str]:
+def schema_ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/{name}"}
 
 
-def _error(description: str, *codes: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+def error_response(
+    description: str, *codes: str, headers: dict[str, Any] | None = None
+) -> dict[str, Any]:
     response: dict[str, Any] = {
         "description": f"{description} (error: {', '.join(codes)})",
-        "content": {JSON: {"schema": _ref("schemas/Error")}},
+        "content": {JSON: {"schema": schema_ref("schemas/Error")}},
     }
     if headers:
         response["headers"] = headers
     return response
 
 
-def _ok(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+def ok_response(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
-def _object(required: list[str], **props: Any) -> dict[str, Any]:
+def object_schema(required: list[str], **props: Any) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": props}
 
 
@@ -54,8 +66,8 @@ def components() -> dict[str, Any]:
     return {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         "responses": {
-            "NotFound": _error("no route for this path", "not_found"),
-            "MethodNotAllowed": _error(
+            "NotFound": error_response("no route for this path", "not_found"),
+            "MethodNotAllowed": error_response(
                 "the path does not take this method; Allow lists those it takes",
                 "method_not_allowed",
                 headers={"Allow": {"schema": STR, "description": "the methods of the path"}},
@@ -133,7 +145,7 @@ def components() -> dict[str, Any]:
                 },
                 "additionalProperties": True,
             },
-            "Grant": _object(
+            "Grant": object_schema(
                 ["name", "token", "lease_id", "ttl_ms", "valid_ms", "mode"],
                 name=STR,
                 token=TOKEN,
@@ -142,7 +154,7 @@ def components() -> dict[str, Any]:
                 valid_ms=_VALID_MS,
                 mode={"type": "string", "enum": ["exclusive", "shared"]},
             ),
-            "SemaphoreGrant": _object(
+            "SemaphoreGrant": object_schema(
                 ["name", "token", "lease_id", "ttl_ms", "valid_ms", "permits"],
                 name=STR,
                 token=TOKEN,
@@ -151,14 +163,14 @@ def components() -> dict[str, Any]:
                 valid_ms=_VALID_MS,
                 permits={"type": "integer", "minimum": 1, "maximum": MAX_PERMITS},
             ),
-            "Renewal": _object(
+            "Renewal": object_schema(
                 ["name", "token", "ttl_ms", "valid_ms"],
                 name=STR,
                 token=TOKEN,
                 ttl_ms=_TTL_MS,
                 valid_ms=_VALID_MS,
             ),
-            "LockState": _object(
+            "LockState": object_schema(
                 ["name", "held", "token", "ttl_ms", "mode", "holders", "permits"],
                 name=STR,
                 held={"type": "boolean"},
@@ -175,16 +187,16 @@ def components() -> dict[str, Any]:
                 holders={**INT, "minimum": 0, "description": "how many leases hold it"},
                 permits={**INT, "minimum": 0, "description": "the semaphore's permits, else 0"},
             ),
-            "Written": _object(
+            "Written": object_schema(
                 ["store", "key", "token"], store=STR, key=STR, token={"type": ["integer", "null"]}
             ),
-            "Readiness": _object(
+            "Readiness": object_schema(
                 ["ready", "draining", "locks", "semaphores", "stores"],
                 ready={"type": "boolean"},
                 draining={"type": "boolean"},
                 locks=STR,
                 semaphores={
-                    **_object(
+                    **object_schema(
                         ["ready"],
                         ready={"type": "boolean"},
                         reason={**STR, "description": "why not, per node; only when not ready"},

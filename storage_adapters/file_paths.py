@@ -16,7 +16,7 @@ from typing import Final
 
 from storage_adapters.errors import BadValue
 
-__all__ = ["HIDDEN", "KeyPaths", "key_segments"]
+__all__ = ["HIDDEN", "KeyPaths", "fsync_dir", "key_segments"]
 
 HIDDEN: Final = ".fencegate@"
 _NAME_MAX: Final = 255
@@ -30,7 +30,7 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.commonpath([path, folder]) == folder
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -105,7 +105,7 @@ class KeyPaths:
             except FileNotFoundError:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path)
-                    _fsync_dir(current)
+                    fsync_dir(current)
                 st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
                 path = os.path.realpath(path)
@@ -141,7 +141,7 @@ class KeyPaths:
             os.rmdir(folder)
         except OSError:  # not empty: keys below it
             return False
-        _fsync_dir(os.path.dirname(folder))
+        fsync_dir(os.path.dirname(folder))
         return True
 
     def _existing_target(self, key: str, parts: list[str]) -> str | None:
@@ -171,6 +171,6 @@ class KeyPaths:
                 return
             try:
                 os.rmdir(folder)
-                _fsync_dir(os.path.dirname(folder))
+                fsync_dir(os.path.dirname(folder))
             except OSError:  # not empty (another key, a writer's new file), or gone
                 return

@@ -64,7 +64,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
     StoreNotStarted,
 )
-from storage_adapters.file_paths import HIDDEN, KeyPaths, _fsync_dir, key_segments
+from storage_adapters.file_paths import HIDDEN, KeyPaths, fsync_dir, key_segments
 
 __all__ = ["HIDDEN", "FileStore"]
 
@@ -146,7 +146,7 @@ class FileStore(FencedStore, KeyPaths):
             if sub != "tmp":
                 for shard in _SHARDS:
                     os.makedirs(os.path.join(base, shard), exist_ok=True)
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
         tmp = os.path.join(self._hidden, "tmp")
         self._tmp_dev = os.stat(tmp).st_dev
         self._remove_leftovers(tmp)
@@ -228,7 +228,7 @@ class FileStore(FencedStore, KeyPaths):
             if tmp:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         meta = {"ino": ino, "token": token, "content_type": content_type}
         self._replace_small(self._meta_path(key), json.dumps(meta).encode())
 
@@ -258,12 +258,12 @@ class FileStore(FencedStore, KeyPaths):
         if target is not None:
             os.unlink(target)
             with contextlib.suppress(FileNotFoundError):  # emptied and removed by a delete
-                _fsync_dir(os.path.dirname(target))
+                fsync_dir(os.path.dirname(target))
             self._remove_empty_folders(parts)
         meta = self._meta_path(key)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(meta)
-            _fsync_dir(os.path.dirname(meta))
+            fsync_dir(os.path.dirname(meta))
 
     # -- fencing -----------------------------------------------------------------------
 
@@ -357,7 +357,7 @@ class FileStore(FencedStore, KeyPaths):
             if tmp:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
 
     def _create_temp(self, folder: str) -> tuple[int, str]:
         """A new temp file, flocked until closed so that ``start`` elsewhere leaves it alone.

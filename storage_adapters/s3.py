@@ -55,7 +55,7 @@ from storage_adapters.errors import (
     StorageUnavailable,
     StoreMisconfigured,
 )
-from storage_adapters.s3_objects import S3Objects, _LostRace, _Object, _status
+from storage_adapters.s3_objects import LostRace, ObjectInfo, S3Objects, error_status
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -173,7 +173,7 @@ class S3Store(S3Objects):
                 await self._require_client().head_bucket(Bucket=self.bucket)
         except StorageUnavailable as exc:
             cause = exc.__cause__
-            if isinstance(cause, ClientError) and _status(cause) == 404:
+            if isinstance(cause, ClientError) and error_status(cause) == 404:
                 where = f"bucket {self.bucket!r} at {self.endpoint or 'AWS'}"
                 raise StoreMisconfigured(self.name, f"{where} does not exist") from None
             raise
@@ -216,7 +216,7 @@ class S3Store(S3Objects):
                     await client.put_object(
                         Bucket=self.bucket, Key=name, Body=b"2", IfMatch=_NO_ETAG
                     )
-        except _LostRace:
+        except LostRace:
             return True
         return False
 
@@ -243,7 +243,7 @@ class S3Store(S3Objects):
                     name, current, body, content_type, token=token, mark=max(mark, token or 0)
                 )
                 return token
-            except _LostRace:
+            except LostRace:
                 await _backoff(attempt)
         raise self._contended(key)
 
@@ -265,7 +265,7 @@ class S3Store(S3Objects):
                             token=current.token,
                             mark=token,
                         )
-            except _LostRace:
+            except LostRace:
                 await _backoff(attempt)
                 continue
             if current is None or current.deleted:
@@ -286,13 +286,13 @@ class S3Store(S3Objects):
                 if current is None or not current.deleted or current.mark < mark:
                     await self._tombstone(name, current, mark=mark)
                 return
-            except _LostRace:
+            except LostRace:
                 await _backoff(attempt)
         raise self._contended(key)
 
     # -- fencing -----------------------------------------------------------------------
 
-    def _checked_mark(self, scope: str, current: _Object | None, token: int | None) -> int:
+    def _checked_mark(self, scope: str, current: ObjectInfo | None, token: int | None) -> int:
         """The mark of the object; raise ``StaleToken`` if ``token`` is older."""
         mark = 0 if current is None else current.mark
         if token is not None and token < mark:

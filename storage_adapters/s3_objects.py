@@ -23,7 +23,7 @@ from storage_adapters.errors import StorageUnavailable, StoreMisconfigured, Stor
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
 
-__all__ = ["S3Objects"]
+__all__ = ["LostRace", "ObjectInfo", "S3Objects", "error_status"]
 
 _TOKEN: Final = "fencegate-token"
 _MARK: Final = "fencegate-mark"
@@ -33,7 +33,7 @@ _EMPTY_MD5: Final = "d41d8cd98f00b204e9800998ecf8427e"  # the ETag of an empty o
 
 
 @dataclass(frozen=True, slots=True)
-class _Object:
+class ObjectInfo:
     """What fencing needs to know about an object (and its body, for a GET)."""
 
     etag: str
@@ -44,7 +44,7 @@ class _Object:
     body: bytes = b""
 
 
-class _LostRace(Exception):
+class LostRace(Exception):
     """A conditional write found the object changed since it was read."""
 
 
@@ -59,7 +59,7 @@ class S3Objects(FencedStore):
 
     # -- S3 requests -------------------------------------------------------------------
 
-    async def _head(self, name: str) -> _Object | None:
+    async def _head(self, name: str) -> ObjectInfo | None:
         try:
             async with self._errors("HeadObject"):
                 resp = await self._require_client().head_object(Bucket=self.bucket, Key=name)
@@ -67,7 +67,7 @@ class S3Objects(FencedStore):
             return None
         return self._object(name, resp)
 
-    async def _fetch(self, name: str) -> _Object | None:
+    async def _fetch(self, name: str) -> ObjectInfo | None:
         try:
             async with self._errors("GetObject"):
                 resp = await self._require_client().get_object(Bucket=self.bucket, Key=name)
@@ -76,12 +76,12 @@ class S3Objects(FencedStore):
         except _Missing:
             return None
         obj = self._object(name, resp)
-        return _Object(obj.etag, obj.token, obj.mark, obj.deleted, obj.content_type, body)
+        return ObjectInfo(obj.etag, obj.token, obj.mark, obj.deleted, obj.content_type, body)
 
     async def _write(
         self,
         name: str,
-        current: _Object | None,
+        current: ObjectInfo | None,
         body: bytes,
         content_type: str,
         *,
@@ -125,7 +125,7 @@ class S3Objects(FencedStore):
                 f" drops {content_type!r} bodies needs another Content-Type",
             )
 
-    async def _tombstone(self, name: str, current: _Object | None, *, mark: int) -> None:
+    async def _tombstone(self, name: str, current: ObjectInfo | None, *, mark: int) -> None:
         # The mark in the body too: every tombstone has its own ETag (an empty body would
         # give all of them one, and a writer holding it would pass If-Match after a newer one).
         body = f"deleted by fencegate; high-water mark {mark}\n".encode()
@@ -136,11 +136,11 @@ class S3Objects(FencedStore):
         async with self._errors("DeleteObject", conditional=True):
             await self._require_client().delete_object(Bucket=self.bucket, Key=name, IfMatch=etag)
 
-    def _object(self, name: str, resp: Mapping[str, Any]) -> _Object:
+    def _object(self, name: str, resp: Mapping[str, Any]) -> ObjectInfo:
         meta: Mapping[str, str] = resp.get("Metadata") or {}
         token = self._int_meta(name, meta, _TOKEN)
         mark = max(self._int_meta(name, meta, _MARK) or 0, token or 0)
-        return _Object(
+        return ObjectInfo(
             etag=str(resp["ETag"]),
             token=token,
             mark=mark,
@@ -186,7 +186,7 @@ class S3Objects(FencedStore):
                 " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
             ) from None
         except ClientError as exc:
-            status = _status(exc)
+            status = error_status(exc)
             if start and status in (401, 403):
                 raise StoreMisconfigured(
                     self.name,
@@ -196,7 +196,7 @@ class S3Objects(FencedStore):
                 ) from None
             if conditional and (status in _LOST_RACE or _code(exc) == "NoSuchKey"):
                 # 404: the object read was deleted meanwhile (outside fencegate)
-                raise _LostRace() from exc
+                raise LostRace() from exc
             if status == 404 and op in ("HeadObject", "GetObject") and _code(exc) != "NoSuchBucket":
                 raise _Missing() from exc
             raise StorageUnavailable(
@@ -219,7 +219,7 @@ class _Missing(Exception):
     """HEAD or GET found no object."""
 
 
-def _status(exc: ClientError) -> int:
+def error_status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
 

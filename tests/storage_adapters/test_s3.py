@@ -23,7 +23,7 @@ from gateway.config import parse_config
 from gateway.errors import ConfigError
 from storage_adapters import BadValue, NotFound, S3Store, StaleToken, StorageUnavailable
 from storage_adapters.errors import StoreMisconfigured
-from storage_adapters.s3_objects import _Object
+from storage_adapters.s3_objects import ObjectInfo
 from tests._gateway import Client, ServeClient
 from tests._s3_server import CREDENTIALS, MotoServer
 from tests._servers import RedisNode, free_port
@@ -158,7 +158,7 @@ class PausingStore(S3Store):
         self.read = asyncio.Event()
         self.go = asyncio.Event()
 
-    async def _head(self, name: str) -> _Object | None:
+    async def _head(self, name: str) -> ObjectInfo | None:
         current = await super()._head(name)
         if not self.go.is_set():
             self.read.set()
