@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import ssl
 from collections.abc import Callable
 from typing import TypeAlias, cast
@@ -33,6 +34,7 @@ __all__ = [
     "pack_script",
 ]
 
+log = logging.getLogger(__name__)
 ReplyError = hiredis.ReplyError
 # What a command's future resolves to: a RESP value, an error reply, or a lost
 # connection. ``lockservice.replies`` parses it; nothing past there sees it.
@@ -86,10 +88,9 @@ def pack_script(
     return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), head, _body(args)))
 
 
-# What to do when the script is missing on the node: the EVAL to send instead of an
-# EVALSHA answered NOSCRIPT (a tuple, packed only then), or the packed FCALL to send
-# again after the library's FUNCTION LOAD when FCALL answers "Function not found".
-Retry: TypeAlias = "tuple[bytes | str | int, ...] | bytes | None"
+# What to send when the script is missing on the node (EVALSHA answered NOSCRIPT, or
+# FCALL "Function not found"): the EVAL of its source (a tuple, packed only then).
+Retry: TypeAlias = "tuple[bytes | str | int, ...] | None"
 _MISSING_FUNCTION = "ERR Function not found"
 
 _Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, Retry]"
@@ -110,8 +111,9 @@ class Connection(asyncio.Protocol):
         self._pending: collections.deque[_Pending] = collections.deque()
         # FUNCTION LOAD of the scripts' library, packed: set when FCALL calls them
         self.load_library: bytes | None = None
-        self._ignored: asyncio.Future[Reply] = self._loop.create_future()
-        self._ignored.set_result(None)  # a reply nobody reads (FUNCTION LOAD's)
+        # stands for the reply of a FUNCTION LOAD sent again after an FCALL's miss
+        self._library_load: asyncio.Future[Reply] = self._loop.create_future()
+        self._library_load.set_result(None)
         self._out: list[bytes] = []
         self._burst = False
         self._transport: asyncio.Transport | None = None
@@ -134,6 +136,9 @@ class Connection(asyncio.Protocol):
                 self.abort()
                 return
             fut, _, instead = self._pending.popleft()
+            if fut is self._library_load:
+                self._library_loaded(reply)
+                continue
             if (
                 instead is not None
                 and isinstance(reply, ReplyError)
@@ -146,28 +151,33 @@ class Connection(asyncio.Protocol):
     def _resend(
         self,
         fut: asyncio.Future[Reply],
-        instead: tuple[bytes | str | int, ...] | bytes,
+        instead: tuple[bytes | str | int, ...],
         error: ReplyError,
     ) -> bool:
         """Run a script the node is missing (restarted, flushed, a replica promoted)
-        once more, loading it first; the same future gets the second reply, which is
-        sent even if nobody waits (a release). False: ``error`` stands."""
+        once more, by EVAL of its source; the same future gets the second reply, which
+        is sent even if nobody waits (a release). False: ``error`` stands.
+
+        An FCALL's miss also loads the library again, in the same write, for the
+        calls after it; its load refused (an ACL user without FUNCTION, a node over
+        maxmemory) turns this connection to EVALSHA (``_library_loaded``): the EVAL
+        runs either way, so a refused load never fails a call."""
         text = str(error)
-        if isinstance(instead, tuple):
-            if not text.startswith("NOSCRIPT"):
-                return False
-            self._pending.append((fut, self._loop.time(), None))
-            self._write(_pack(instead))  # EVAL runs the source and caches it again
-            return True
-        if text != _MISSING_FUNCTION or self.load_library is None:
+        if text == _MISSING_FUNCTION and self.load_library is not None:
+            # "already exists" when another call's miss loaded it first: the same code
+            self._pending.append((self._library_load, self._loop.time(), None))
+            self._write(self.load_library)
+        elif not text.startswith("NOSCRIPT"):
             return False
-        # The library's load and the call again, in one write; the load answers
-        # "already exists" when another call's retry loaded it first: the same code.
-        now = self._loop.time()
-        self._pending.append((self._ignored, now, None))
-        self._pending.append((fut, now, None))
-        self._write(self.load_library + instead)
+        self._pending.append((fut, self._loop.time(), None))
+        self._write(_pack(instead))  # EVAL runs the source (and caches it for EVALSHA)
         return True
+
+    def _library_loaded(self, reply: Reply) -> None:
+        if not is_failure(reply) or "already exists" in str(reply) or self.load_library is None:
+            return
+        self.load_library = None  # the next calls on this connection: EVALSHA
+        log.info("redis connection: library load refused (%s): lock scripts run as EVALSHA", reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -191,10 +201,10 @@ class Connection(asyncio.Protocol):
         ``later``: nobody waits for the reply now (a release whose answer is
         known), so it may ride along with the next command instead of taking a
         write of its own. ``noscript``: what to send when the node is missing the
-        script (``Retry``): the EVAL of an EVALSHA answered NOSCRIPT, or the packed
-        FCALL again, after ``load_library``, of an FCALL answered "Function not
-        found"; the future then resolves to that command's reply: one future per
-        call, no second hop.
+        script (``Retry``): the EVAL of its source, for an EVALSHA answered NOSCRIPT
+        or an FCALL answered "Function not found" (then after ``load_library``);
+        the future then resolves to that command's reply: one future per call, no
+        second hop.
         """
         return self.send_packed(_pack(args), later=later, noscript=noscript)
 

@@ -186,3 +186,42 @@ async def test_release_and_extend_work_on_a_node_over_maxmemory(node: RedisNode,
         assert (await mgr.acquire("oom/a", ttl=5.0)).token > lease.token
     finally:
         await mgr.close()
+
+
+@pytest.mark.parametrize("refused", ["acl", "maxmemory"])
+async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
+    node: RedisNode, refused: str
+) -> None:
+    """The library was there at connect (loaded by a gateway with FUNCTION), then
+    FUNCTION FLUSH: a user without FUNCTION cannot load it again, nor can a node over
+    maxmemory. The call that misses it runs by EVAL instead, and the connection goes
+    on by EVALSHA: locks keep working (before: every FCALL answered "Function not
+    found" until a reconnect, and the node was out of every quorum)."""
+    with client(node) as r:
+        r.function_load(scripts.LIBRARY.decode())
+    url = limited_url(node, "-function") if refused == "acl" else node.url
+    mgr = await LockManager.connect([url])
+    try:
+        state = redlock(mgr).nodes[0]
+        assert state.functions
+        lease = await mgr.acquire("gone/a", ttl=30.0)
+        with client(node) as r:
+            r.function_flush()
+            if refused == "maxmemory":
+                r.config_set("maxmemory", 1)
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    r.set("x", "1")
+        extended = await mgr.extend(lease, ttl=30.0)  # the miss: EVAL, the load refused
+        assert extended.token == lease.token
+        node.command("CONFIG", "RESETSTAT")
+        await mgr.release(mgr.handle(lease.name, lease.lease_id))  # awaits the node
+        with client(node) as r:
+            assert r.exists(lock_key("gone/a")) == 0
+            r.config_set("maxmemory", 0)
+        await cycles(mgr, 3, "gone")
+        assert libraries(node) == {}  # never loaded again: refused
+        done = calls(node)
+        assert done.get("fcall", 0) == 0  # the connection went on by EVALSHA
+        assert done.get("evalsha", 0) + done.get("eval", 0) >= 7  # a release, 3 cycles
+    finally:
+        await mgr.close()
