@@ -325,7 +325,7 @@ class Node:
         library loaded before (by this gateway or another of this version) serves.
         """
         if not is_failure(called):
-            conn.load_library = _LOAD_LIBRARY
+            conn.load_library, conn.label = _LOAD_LIBRARY, f"redis node {self.label}"
             if self.no_functions is not None:
                 log.info("redis node %s: lock scripts run as functions again", self.label)
             self.functions, self.no_functions = True, None

@@ -111,6 +111,7 @@ class Connection(asyncio.Protocol):
         self._pending: collections.deque[_Pending] = collections.deque()
         # FUNCTION LOAD of the scripts' library, packed: set when FCALL calls them
         self.load_library: bytes | None = None
+        self.label = "redis connection"  # for the log: the node's label (``Node``)
         # stands for the reply of a FUNCTION LOAD sent again after an FCALL's miss
         self._library_load: asyncio.Future[Reply] = self._loop.create_future()
         self._library_load.set_result(None)
@@ -177,7 +178,7 @@ class Connection(asyncio.Protocol):
         if not is_failure(reply) or "already exists" in str(reply) or self.load_library is None:
             return
         self.load_library = None  # the next calls on this connection: EVALSHA
-        log.info("redis connection: library load refused (%s): lock scripts run as EVALSHA", reply)
+        log.info("%s: lock scripts run as EVALSHA: FUNCTION LOAD refused: %s", self.label, reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -190,7 +190,7 @@ async def test_release_and_extend_work_on_a_node_over_maxmemory(node: RedisNode,
 
 @pytest.mark.parametrize("refused", ["acl", "maxmemory"])
 async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
-    node: RedisNode, refused: str
+    node: RedisNode, refused: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The library was there at connect (loaded by a gateway with FUNCTION), then
     FUNCTION FLUSH: a user without FUNCTION cannot load it again, nor can a node over
@@ -200,6 +200,7 @@ async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
     with client(node) as r:
         r.function_load(scripts.LIBRARY.decode())
     url = limited_url(node, "-function") if refused == "acl" else node.url
+    caplog.set_level(logging.INFO, logger="lockservice.resp")
     mgr = await LockManager.connect([url])
     try:
         state = redlock(mgr).nodes[0]
@@ -223,5 +224,9 @@ async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
         done = calls(node)
         assert done.get("fcall", 0) == 0  # the connection went on by EVALSHA
         assert done.get("evalsha", 0) + done.get("eval", 0) >= 7  # a release, 3 cycles
+        said = [r.getMessage() for r in caplog.records if r.name == "lockservice.resp"]
+        assert len(said) == 1  # once per connection, naming the node
+        assert said[0].startswith(f"redis node {state.label}: lock scripts run as EVALSHA: ")
+        assert ("NOPERM" if refused == "acl" else "OOM") in said[0]
     finally:
         await mgr.close()
