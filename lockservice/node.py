@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from lockservice import scripts
 from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
 from lockservice.resp import (
+    Again,
     Connection,
     Reply,
     Retry,
@@ -215,10 +216,10 @@ class Node:
     ) -> asyncio.Future[Reply]:
         """FCALL ``script``'s function, or EVALSHA it on a node without functions.
 
-        A missing script runs once more as EVAL of its source, on the same future
-        (``Connection.send``): an EVALSHA answered NOSCRIPT, or an FCALL answered
-        "Function not found", which also loads the library again for later calls
-        (refused, the connection goes on by EVALSHA).
+        A missing script is loaded and run once more, on the same future
+        (``Connection.send``): FCALL answered "Function not found" is sent again
+        after the library's load (that load refused: EVAL of its source, and the
+        connection goes on by EVALSHA), EVALSHA answered NOSCRIPT becomes EVAL.
         ``later``: see ``Connection.send``; with ``batch_writes`` every call is
         ``later``. The nodes of a fan-out share one ``keys`` tuple: packed once for
         all of them (``pack_script``).
@@ -228,13 +229,16 @@ class Node:
             return self._unsent()
         keys = keys if isinstance(keys, tuple) else tuple(keys)
         args = args if isinstance(args, tuple) else tuple(args)
-        by_function = conn.load_library is not None
+        instead = (b"EVAL", script.source, len(keys), *keys, *args)
+        if conn.load_library is not None:
+            packed = pack_script(b"FCALL", script.function, keys, args)
+            return conn.send_packed(
+                packed, later=later or self.batch_writes, noscript=Again(packed, instead)
+            )
         return conn.send_packed(
-            pack_script(b"FCALL", script.function, keys, args)
-            if by_function
-            else pack_script(b"EVALSHA", script.sha, keys, args),
+            pack_script(b"EVALSHA", script.sha, keys, args),
             later=later or self.batch_writes,
-            noscript=(b"EVAL", script.source, len(keys), *keys, *args),
+            noscript=instead,
         )
 
     def _failed(self, reason: str) -> None:

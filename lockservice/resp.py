@@ -19,11 +19,12 @@ import collections
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TypeAlias, cast
+from typing import NamedTuple, TypeAlias, cast
 
 import hiredis
 
 __all__ = [
+    "Again",
     "Connection",
     "Reply",
     "ReplyError",
@@ -88,9 +89,18 @@ def pack_script(
     return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), head, _body(args)))
 
 
-# What to send when the script is missing on the node (EVALSHA answered NOSCRIPT, or
-# FCALL "Function not found"): the EVAL of its source (a tuple, packed only then).
-Retry: TypeAlias = "tuple[bytes | str | int, ...] | None"
+class Again(NamedTuple):
+    """An FCALL's retry when the node is missing the library: ``call`` (the packed
+    FCALL) again after the library's load, and ``instead`` (the EVAL of the script's
+    source) if it misses again, the load refused."""
+
+    call: bytes
+    instead: tuple[bytes | str | int, ...]
+
+
+# What to send when the script is missing on the node: the EVAL of its source (a
+# tuple, packed only then) for an EVALSHA answered NOSCRIPT, or ``Again`` for an FCALL.
+Retry: TypeAlias = "tuple[bytes | str | int, ...] | Again | None"
 _MISSING_FUNCTION = "ERR Function not found"
 
 _Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, Retry]"
@@ -152,26 +162,33 @@ class Connection(asyncio.Protocol):
     def _resend(
         self,
         fut: asyncio.Future[Reply],
-        instead: tuple[bytes | str | int, ...],
+        retry: tuple[bytes | str | int, ...] | Again,
         error: ReplyError,
     ) -> bool:
         """Run a script the node is missing (restarted, flushed, a replica promoted)
-        once more, by EVAL of its source; the same future gets the second reply, which
-        is sent even if nobody waits (a release). False: ``error`` stands.
+        once more; the same future gets the second reply, which is sent even if
+        nobody waits (a release). False: ``error`` stands.
 
-        An FCALL's miss also loads the library again, in the same write, for the
-        calls after it; its load refused (an ACL user without FUNCTION, a node over
-        maxmemory) turns this connection to EVALSHA (``_library_loaded``): the EVAL
-        runs either way, so a refused load never fails a call."""
+        An EVALSHA answered NOSCRIPT becomes EVAL of the source. An FCALL answered
+        "Function not found" is sent again after the library's load; if that load
+        is refused (an ACL user without FUNCTION, a node over maxmemory), the call
+        misses again and becomes EVAL, and the connection goes on by EVALSHA
+        (``_library_loaded``): a refused load never fails a call."""
         text = str(error)
-        if text == _MISSING_FUNCTION and self.load_library is not None:
-            # "already exists" when another call's miss loaded it first: the same code
-            self._pending.append((self._library_load, self._loop.time(), None))
-            self._write(self.load_library)
-        elif not text.startswith("NOSCRIPT"):
+        if not (text.startswith("NOSCRIPT") or text == _MISSING_FUNCTION):
             return False
-        self._pending.append((fut, self._loop.time(), None))
-        self._write(_pack(instead))  # EVAL runs the source (and caches it for EVALSHA)
+        now = self._loop.time()
+        if isinstance(retry, Again):
+            if self.load_library is None:  # refused already on this connection
+                retry = retry.instead
+            else:
+                # "already exists" when another call's miss loaded it first: the same code
+                self._pending.append((self._library_load, now, None))
+                self._pending.append((fut, now, retry.instead))
+                self._write(self.load_library + retry.call)
+                return True
+        self._pending.append((fut, now, None))
+        self._write(_pack(retry))  # EVAL runs the source (and caches it for EVALSHA)
         return True
 
     def _library_loaded(self, reply: Reply) -> None:
@@ -202,10 +219,10 @@ class Connection(asyncio.Protocol):
         ``later``: nobody waits for the reply now (a release whose answer is
         known), so it may ride along with the next command instead of taking a
         write of its own. ``noscript``: what to send when the node is missing the
-        script (``Retry``): the EVAL of its source, for an EVALSHA answered NOSCRIPT
-        or an FCALL answered "Function not found" (then after ``load_library``);
-        the future then resolves to that command's reply: one future per call, no
-        second hop.
+        script (``Retry``): the EVAL of its source for an EVALSHA answered NOSCRIPT,
+        ``Again`` for an FCALL answered "Function not found" (after
+        ``load_library``); the future then resolves to that command's reply: one
+        future per call, no second hop.
         """
         return self.send_packed(_pack(args), later=later, noscript=noscript)
 

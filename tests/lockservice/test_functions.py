@@ -194,9 +194,10 @@ async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
 ) -> None:
     """The library was there at connect (loaded by a gateway with FUNCTION), then
     FUNCTION FLUSH: a user without FUNCTION cannot load it again, nor can a node over
-    maxmemory. The call that misses it runs by EVAL instead, and the connection goes
-    on by EVALSHA: locks keep working (before: every FCALL answered "Function not
-    found" until a reconnect, and the node was out of every quorum)."""
+    maxmemory. The call that misses it misses again after the refused load and runs
+    by EVAL, and the connection goes on by EVALSHA: locks keep working (before: every
+    FCALL answered "Function not found" until a reconnect: the node was out of every
+    quorum)."""
     with client(node) as r:
         r.function_load(scripts.LIBRARY.decode())
     url = limited_url(node, "-function") if refused == "acl" else node.url
