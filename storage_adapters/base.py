@@ -286,16 +286,17 @@ class FencedStore(ABC):
     async def _delete(self, scope: str, key: str, token: int | None) -> None:
         """Check and delete atomically; arguments are already validated."""
 
-    def _corrupt(self, key: str, what: str) -> CorruptMetadata:
+    def _corrupt(self, key: str, what: str, where: str = "") -> CorruptMetadata:
         """The error for fencing metadata of ``key`` that fencegate did not write,
-        logged at WARNING once per key and problem (not once per request)."""
+        logged at WARNING once per key and problem (not once per request). ``where``
+        (a server path) goes to the log only, never to the client."""
         err = CorruptMetadata(self.name, key, what)
         seen = (key, what)
         if seen not in self._corrupt_logged:
             if len(self._corrupt_logged) >= _CORRUPT_MEMORY:
                 self._corrupt_logged.clear()
             self._corrupt_logged.add(seen)
-            log.warning("%s", err)
+            log.warning("%s%s", err, f" (in {where})" if where else "")
         return err
 
     def _check(self, scope: str, key: str, token: int | None) -> None:

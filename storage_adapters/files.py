@@ -296,8 +296,8 @@ class FileStore(FencedStore, KeyPaths):
             return 0
         digits = text.strip()
         if not (digits.isdigit() and len(digits) <= _MAX_DIGITS):  # fail closed: never guess
-            what = f"the high-water mark of lock {scope!r} in {path!r} holds {text[:40]!r}"
-            raise self._corrupt(key, what)
+            what = f"the high-water mark of lock {scope!r} holds {text[:40]!r}"
+            raise self._corrupt(key, what, where=path)
         mark = int(digits)
         if token < mark:
             raise StaleToken(token, mark, scope=scope)

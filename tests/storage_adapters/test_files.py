@@ -382,12 +382,14 @@ async def test_a_corrupt_mark_file_answers_503_storage_corrupt_and_changes_nothi
             assert "'docs/a'" in body["message"]
             assert "high-water mark of lock 'files/docs/a'" in body["message"]
             assert "Traceback" not in body["message"]
+            assert str(tmp_path) not in body["message"]  # no server path to a client
         assert (tmp_path / "r" / "docs" / "a").read_bytes() == b"one"  # nothing applied
         assert mark.read_bytes() == garbage  # and the mark is not rewritten
         warnings = [r for r in caplog.records if "storage_corrupt" in r.getMessage()
                     or "corrupt" in r.getMessage()]  # fmt: skip
         assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once, not per request
         assert warnings[0].levelname == "WARNING"
+        assert str(mark) in warnings[0].getMessage()  # the operator's log names the file
         assert warnings[0].exc_info is None
     plain = await client.get(url)  # a plain read does not look at the mark
     assert plain.status == 200
