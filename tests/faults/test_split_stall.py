@@ -132,9 +132,11 @@ def resolve(gw: Gateways) -> None:
 async def test_a_split_of_the_live_nodes_outlives_the_ttl(
     own_redis3: list[RedisNode], gateways: Gateways
 ) -> None:
-    """The stall is not bounded by the ttl: both waiters keep re-issuing their grants
-    (each node's counter rises) and neither gets a lease for 1.25 ttl; it ends as soon
-    as a retry of W2 hears C before deciding (W2's slow link is then B's)."""
+    """Pins the known defect (README, "Failure model"), to be inverted by its fix: the
+    stall is not bounded by the ttl: both waiters keep re-issuing their grants (each
+    node's counter rises) and neither gets a lease for 1.25 ttl; it ends as soon as a
+    retry of W2 hears C before deciding (W2's slow link is then B's). Safety holds
+    throughout: no lease at all is granted while split."""
     _, b, c = own_redis3
     g1, g2 = gateways[0]
     loop = asyncio.get_running_loop()
