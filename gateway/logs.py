@@ -12,11 +12,41 @@ import sys
 import time
 from typing import Final
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "ClientErrorFilter", "JsonFormatter", "setup_logging"]
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "ClientErrorFilter",
+    "JsonFormatter",
+    "Throttle",
+    "setup_logging",
+]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("text", "json")
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class Throttle:
+    """At most one log line a second for each key (a bounded set: route and code, never
+    a lock name); says how many it held back."""
+
+    __slots__ = ("_seen", "interval")
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def passes(self, key: tuple[str, str], now: float | None = None) -> int | None:
+        """None: hold this line back; else log it, with the count held back before it."""
+        now = time.monotonic() if now is None else now
+        last, held = self._seen.get(key, (float("-inf"), 0))
+        if now - last < self.interval:
+            self._seen[key] = (last, held + 1)
+            return None
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return held
 
 
 class JsonFormatter(logging.Formatter):

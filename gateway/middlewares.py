@@ -211,9 +211,14 @@ def _render(request: web.Request, exc: Exception) -> web.Response:
             {"error": "internal", "message": "internal error; see the gateway log"}, status=500
         )
     # Draining, a store that could not start yet and a key's corrupt fencing metadata
-    # are logged once (where they are found), not per request.
+    # are logged once (where they are found), not per request; the other 5xx once a
+    # second per route and code (a node down answers every request 503).
     if status >= 500 and not isinstance(exc, ShuttingDown | StoreNotStarted | CorruptMetadata):
-        log.warning("%s %s: %s", request.method, route_label(request), exc)
+        route = route_label(request)
+        more = request.app[STATE].log_5xx.passes((route, getattr(exc, "code", "")))
+        if more is not None:
+            like = f" ({more} more like it in the last second)" if more else ""
+            log.warning("%s %s: %s%s", request.method, route, exc, like)
     return _json_error(exc, status)
 
 

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.config import ApiKey, Config
 from gateway.hotlocks import HotLocks
+from gateway.logs import Throttle
 from gateway.metrics import Metrics
 from gateway.shared import SharedDir
 from gateway.store_config import StoreConfig
@@ -86,6 +87,8 @@ class GatewayState:
         self.on_drain: set[Callable[[], None]] = set()
         """Called once ``draining`` is set: cuts acquires that wait, so they answer 503 at once."""
         self.issued = IssuedCache(issued_cache_size)
+        self.log_5xx = Throttle()
+        """5xx answers are logged once a second per route and code (``middlewares``)."""
 
 
 CONFIG: Final = web.AppKey("config", Config)

@@ -219,6 +219,34 @@ async def test_quorum_unavailable_is_503(start: Start, redis3: list[RedisNode]) 
         redis3[2].resume()
 
 
+async def test_a_5xx_that_every_request_meets_is_logged_once_a_second_not_per_request(
+    start: Start, redis3: list[RedisNode], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two nodes down: every acquire answers 503; the log says so once, and how many
+    more it held back, instead of a line per request."""
+    client = await start(make_config(lock_urls=[n.url for n in redis3]))
+    for node in redis3[1:]:
+        node.pause()
+    try:
+        caplog.clear()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        answered = 0
+        while answered < 20 and loop.time() - began < 30:
+            response = await client.post(f"/v1/locks/flood{answered}", json={"ttl_ms": 1000})
+            assert response.status == 503
+            answered += 1
+        took = loop.time() - began
+        lines = [r for r in caplog.records if "quorum" in r.getMessage()
+                 and r.name == "gateway.middlewares"]  # fmt: skip
+        # one line a second at most (and the first at once), never one per request
+        assert 1 <= len(lines) <= 1 + int(took), [r.getMessage() for r in lines]
+        assert len(lines) < answered
+    finally:
+        for node in redis3[1:]:
+            node.resume()
+
+
 async def test_reported_token_is_the_grant_token_when_node_counters_disagree(
     start: Start, redis3: list[RedisNode]
 ) -> None:
