@@ -152,10 +152,16 @@ class Node:
         self.refused: str | None = None  # why the node is left out, e.g. its eviction policy
         self.problem: str | None = None  # why it is not connected (logged once per change)
         self.stall_after = max(1.0, 5 * timeout)
-        # Whether the scripts run as FCALL of the library (Redis 7) or EVALSHA, decided
-        # at each connect; why not (logged once per change), None while they do.
-        self.functions = False
+        # Why the scripts run as EVALSHA, not FCALL of the library (Redis 7), as decided
+        # at the last connect (logged once per change); None while they run as FCALL.
         self.no_functions: str | None = None
+
+    @property
+    def functions(self) -> bool:
+        """Whether the scripts run as FCALL of the library on the connection now (its
+        load refused later turns the connection to EVALSHA: ``Connection``)."""
+        conn = self._conn
+        return conn is not None and conn.load_library is not None
 
     @property
     def connected(self) -> bool:
@@ -332,7 +338,7 @@ class Node:
             conn.load_library, conn.label = _LOAD_LIBRARY, f"redis node {self.label}"
             if self.no_functions is not None:
                 log.info("redis node %s: lock scripts run as functions again", self.label)
-            self.functions, self.no_functions = True, None
+            self.no_functions = None
             return
         major = int(version.split(".")[0]) if version and version[0].isdigit() else 0
         if major < 7:
@@ -343,7 +349,7 @@ class Node:
             why = f"FCALL refused: {called!s}"
         if why != self.no_functions:
             log.info("redis node %s: lock scripts run as EVALSHA: %s", self.label, why)
-        self.functions, self.no_functions = False, why
+        self.no_functions = why
         for script in scripts.ALL:
             conn.send("SCRIPT", "LOAD", script.source)
 

@@ -224,6 +224,7 @@ async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
         assert libraries(node) == {}  # never loaded again: refused
         done = calls(node)
         assert done.get("fcall", 0) == 0  # the connection went on by EVALSHA
+        assert not state.functions  # and the node says so
         assert done.get("evalsha", 0) + done.get("eval", 0) >= 7  # a release, 3 cycles
         said = [r.getMessage() for r in caplog.records if r.name == "lockservice.resp"]
         assert len(said) == 1  # once per connection, naming the node
