@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Final
 
 from lockservice.backend import Attempt, Backend, Readiness
+from lockservice.backends import start_backend
 from lockservice.errors import (
     LeaseLost,
     LockHeld,
@@ -31,13 +32,10 @@ from lockservice.errors import (
     QuorumUnavailable,
 )
 from lockservice.events import ContentionObserver, LockEvents, NoEvents
-from lockservice.groups import Groups
 from lockservice.idempotency import commit_tag, find_held
 from lockservice.kinds import Kind, SemaphoreAPI, handle_lease
 from lockservice.lease import EXCLUSIVE, Lease, LockInfo, validate_mode, validate_name, validate_ttl
-from lockservice.memory import MemoryBackend
 from lockservice.placement import GroupSpec
-from lockservice.redlock import Redlock
 from lockservice.renew import Renewal, hold
 from lockservice.turns import Turns, Wait
 
@@ -50,10 +48,6 @@ _BACKOFF_QUEUED = 0.25  # a queued waiter is woken by the release: polling is th
 _BACKOFF_MAX = 1.0
 _NOT_YET: Final = Attempt(0, 0.0, 0.0)  # a waiter's try that missed a semaphore's node
 _RELEASED_MEMORY = 10_000  # lease ids released here, to refuse a second release of one
-
-
-def _spec(group: GroupSpec | Sequence[str]) -> GroupSpec:
-    return group if isinstance(group, GroupSpec) else GroupSpec.of(group)
 
 
 def _wake_up(fut: asyncio.Future[None]) -> None:
@@ -125,34 +119,15 @@ class LockManager(SemaphoreAPI):
             ValueError: a bad URL, or a node count other than 1, 3 or 5.
         """
         events = events or NoEvents()
-        backend: Backend
-        if groups or previous_groups:
-            current = [_spec(g) for g in groups] or [GroupSpec.of(urls)]
-            backend = Groups(
-                current,
-                previous=[_spec(g) for g in previous_groups],
-                node_timeout=node_timeout,
-                max_ttl=max_ttl,
-                events=events,
-                batch_writes=batch_writes,
-            )
-        elif urls:
-            backend = Redlock(
-                urls,
-                node_timeout=node_timeout,
-                max_ttl=max_ttl,
-                events=events,
-                batch_writes=batch_writes,
-            )
-        else:
-            backend = MemoryBackend()
-            log.warning(
-                "no redis nodes configured: locks are held in this process only; "
-                "run exactly one gateway process, or configure [locks] redis"
-            )
-        await backend.start()
-        if urls or groups or previous_groups:  # the in-process backend was announced above, once
-            log.info("lock backend: %s", backend.describe())
+        backend = await start_backend(
+            urls,
+            groups=groups,
+            previous_groups=previous_groups,
+            node_timeout=node_timeout,
+            max_ttl=max_ttl,
+            events=events,
+            batch_writes=batch_writes,
+        )
         return cls(
             backend,
             min_ttl=min_ttl,
