@@ -12,7 +12,6 @@ behind those already waiting.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import secrets
 import time
@@ -40,8 +39,6 @@ from lockservice.renew import Renewal, hold
 from lockservice.turns import Turns, Wait
 
 __all__ = ["LockManager"]
-
-log = logging.getLogger(__name__)
 
 _BACKOFF_FIRST = 0.05
 _BACKOFF_QUEUED = 0.25  # a queued waiter is woken by the release: polling is the fallback
