@@ -639,7 +639,7 @@ def _group(file: str, func: str) -> str:
     rules = (
         ("logging (aiohttp access log, log records)", ("/logging/", "aiohttp/web_log.py")),
         ("JSON", ("/json/",)),
-        ("gateway middlewares (metrics, errors, auth, drain)", ("gateway/middlewares.py",)),
+        ("gateway guard (metrics, errors, auth, drain)", ("gateway/guard.py", "gateway/cuts.py")),
         ("lock guard + issued cache", ("gateway/state.py",)),
         ("gateway routes (parse, validate, shape)", ("gateway/routes.py", "gateway/errors.py")),
         ("prometheus metrics", ("prometheus_client/", "gateway/metrics.py")),
@@ -1049,7 +1049,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         "Columns: gateway CPU and load-gen CPU are CPU seconds of that process per op; machine "
         "busy is the share of all cores in use; handler ms/op is the gateway's own "
-        "`fencegate_http_request_duration_seconds` (middlewares to response object) per op; "
+        "`fencegate_http_request_duration_seconds` (guard to response object) per op; "
         "store write ms is `fencegate_storage_write_duration_seconds` per write.",
         "",
     ]

@@ -1,4 +1,4 @@
-"""``create_app``: the aiohttp application, its middlewares, routes and resources.
+"""``create_app``: the aiohttp application, its guarded routes and its resources.
 
 Resources live in ``cleanup_ctx`` generators, started in order and closed in
 reverse: metrics, then the lock manager (which reports to them), then the
@@ -27,7 +27,6 @@ from gateway.config import Config
 from gateway.errors import StartupError
 from gateway.hotlocks import HotLocks
 from gateway.metrics import Metrics
-from gateway.middlewares import MIDDLEWARES
 from gateway.routes import add_routes
 from gateway.shared import SYNC_INTERVAL, SharedDir
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, GatewayState, StoreEntry
@@ -86,7 +85,7 @@ def create_app(
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
-    app = web.Application(middlewares=MIDDLEWARES, client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[STATE] = GatewayState(config.locks.issued_cache_size, shared)
     add_routes(app, (served or registry) if config.metrics_listen is None else None)
@@ -105,8 +104,7 @@ def start_draining(app: web.Application, *, announce: bool = True) -> None:
     state = app[STATE]
     if not state.draining:
         state.draining = True
-        for cut in list(state.on_drain):
-            cut()
+        state.acquires.drain()
         if announce:
             log.info(
                 "draining: /readyz is 503, waiting acquires and new acquires and writes get "

@@ -32,6 +32,7 @@ from gateway.errors import (
     TooLarge,
     UnknownStore,
 )
+from gateway.guard import add_guarded, add_unmatched
 from gateway.headers import one_header
 from gateway.lock_routes import routes as lock_routes
 from gateway.openapi import openapi
@@ -304,8 +305,8 @@ def add_routes(app: web.Application, registry: CollectorRegistry | None) -> None
     With ``metrics_listen`` the metrics are served on that address alone (no
     ``/metrics`` here: the main port may be reachable by more than the scraper).
     """
-    app.router.add_routes(lock_routes)  # locks and semaphores
-    app.router.add_routes(routes)
+    add_guarded(app, lock_routes)  # locks and semaphores
+    add_guarded(app, routes)
     if registry is not None:
-        handler = make_aiohttp_handler(registry)
-        app.router.add_get("/metrics", handler, name="metrics")
+        add_guarded(app, [web.get("/metrics", make_aiohttp_handler(registry), name="metrics")])
+    add_unmatched(app)  # last: what no route above takes

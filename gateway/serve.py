@@ -179,7 +179,7 @@ def app_runner(app: web.Application, *, access_log: bool = False) -> web.AppRunn
     - ``handler_cancellation`` off (aiohttp's default, stated because aiohttp's test
       server turns it on): a client that disconnects does not cancel its handler, so
       a store write is never cut half-way; a waiting acquire is cut by the gateway
-      itself (``gateway.middlewares``).
+      itself (``gateway.guard``).
     - No access log unless asked: it costs ~10% of a request, and /metrics counts
       requests.
     - Requests in flight at shutdown get ``shutdown_timeout_ms`` less the grace

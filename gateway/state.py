@@ -8,13 +8,13 @@ ever answers "yes, issued" for a token at or below a counter Redis returned.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
 
 from gateway.config import ApiKey, Config
+from gateway.cuts import Acquires
 from gateway.hotlocks import HotLocks
 from gateway.logs import Throttle
 from gateway.metrics import Metrics
@@ -84,11 +84,11 @@ class GatewayState:
         self.shared = shared
         """The server's shared directory, for a worker of several (``gateway/shared.py``)."""
         self.draining = False
-        self.on_drain: set[Callable[[], None]] = set()
-        """Called once ``draining`` is set: cuts acquires that wait, so they answer 503 at once."""
+        self.acquires = Acquires()
+        """The acquires in flight: draining cuts them, so that they answer 503 at once."""
         self.issued = IssuedCache(issued_cache_size)
         self.log_5xx = Throttle()
-        """5xx answers are logged once a second per route and code (``middlewares``)."""
+        """5xx answers are logged once a second per route and code (``gateway.guard``)."""
 
 
 CONFIG: Final = web.AppKey("config", Config)

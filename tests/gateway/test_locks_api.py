@@ -238,7 +238,7 @@ async def test_a_5xx_that_every_request_meets_is_logged_once_a_second_not_per_re
             answered += 1
         took = loop.time() - began
         lines = [r for r in caplog.records if "quorum" in r.getMessage()
-                 and r.name == "gateway.middlewares"]  # fmt: skip
+                 and r.name == "gateway.guard"]  # fmt: skip
         # one line a second at most (and the first at once), never one per request
         assert 1 <= len(lines) <= 1 + int(took), [r.getMessage() for r in lines]
         assert len(lines) < answered
