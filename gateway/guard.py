@@ -49,7 +49,7 @@ from gateway.errors import (
     error_headers,
     status_of,
 )
-from gateway.headers import one_header
+from gateway.headers import json_answer, one_header
 from gateway.state import API_KEY, CONFIG, METRICS, STATE, GatewayState
 from storage_adapters import CorruptMetadata, StoreNotStarted
 
@@ -220,7 +220,7 @@ def _cut_off(
 def _json_error(exc: BaseException, status: int) -> web.Response:
     code = getattr(exc, "code", "error")
     body = {"error": code, "message": str(exc), **error_data(exc)}
-    return web.json_response(body, status=status, headers=error_headers(exc))
+    return json_answer(body, status=status, headers=error_headers(exc))
 
 
 def _from_http(exc: web.HTTPException, body_limit: int) -> GatewayError:
@@ -247,7 +247,7 @@ def _render(request: web.Request, label: str, state: GatewayState, exc: Exceptio
         return web.Response(status=499)
     if status is None:
         log.exception("unhandled error in %s %s", request.method, label)
-        return web.json_response(
+        return json_answer(
             {"error": "internal", "message": "internal error; see the gateway log"}, status=500
         )
     # Draining, a store that could not start yet and a key's corrupt fencing metadata

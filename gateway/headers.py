@@ -1,18 +1,39 @@
-"""Request headers that must come once: a second copy is refused, never ignored.
+"""Request headers that must come once, and the header of every JSON answer.
 
-A proxy or a client library that appends a header instead of replacing it
-sends two values; taking either one silently could fence a write with the
-wrong token or release the wrong lease. ``X-Fencing-Token`` sent twice is
+A second copy of a header is refused, never ignored: a proxy or a client
+library that appends a header instead of replacing it sends two values; taking
+either one silently could fence a write with the wrong token or release the
+wrong lease. ``X-Fencing-Token`` sent twice is
 ``bad_token`` (``routes.py``); the others here are ``bad_request``.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import BadRequest
 
-__all__ = ["one_header"]
+__all__ = ["json_answer", "one_header"]
+
+_JSON: Final = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json; charset=utf-8"}))
+_dumps: Final = json.dumps
+
+
+def json_answer(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """``web.json_response(data, status=status, headers=headers)``, the same bytes on the
+    wire, without parsing its content type anew for every answer."""
+    if headers:  # in json_response's order: these, then the content type
+        both = CIMultiDict(headers)
+        both.update(_JSON)
+        return web.Response(body=_dumps(data).encode(), status=status, headers=both)
+    return web.Response(body=_dumps(data).encode(), status=status, headers=_JSON)
 
 
 def one_header(request: web.Request, name: str) -> str | None:

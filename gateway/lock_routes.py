@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from aiohttp import web
 
 from gateway.errors import BadRequest
-from gateway.headers import one_header
+from gateway.headers import json_answer, one_header
 from gateway.state import API_KEY, CONFIG, LOCKS, METRICS
 from lockservice import Lease, LockManager
 from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, validate_name
@@ -31,6 +31,9 @@ LEASE_HEADER: Final = "X-Lease-Id"
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 _LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _IDEMPOTENCY_KEY: Final = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
+_LOCK_FIELDS: Final = frozenset({"ttl_ms", "wait_ms", "mode"})
+_SEMAPHORE_FIELDS: Final = frozenset({"permits", "ttl_ms", "wait_ms"})
+_RENEW_FIELDS: Final = frozenset({"lease_id", "ttl_ms", "wait_ms", "mode", "permits"})
 
 routes = web.RouteTableDef()
 
@@ -51,19 +54,21 @@ def _lock_name(request: web.Request) -> str:
     return name
 
 
-async def _json_object(request: web.Request, fields: set[str]) -> dict[str, Any]:
+async def _json_object(request: web.Request, fields: frozenset[str]) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         return {}
+    # json.loads(raw, parse_constant=...) without a new decoder per call; a body that
+    # starts with "{" and no NUL is UTF-8 (what json.detect_encoding would find)
+    encoding = "utf-8" if raw[:1] == b"{" and raw[1:2] != b"\x00" else json.detect_encoding(raw)
     try:
-        # json.loads(raw, parse_constant=...) without a new decoder per call
-        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        body = _DECODER.decode(raw.decode(encoding, "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
-    unknown = sorted(set(body) - fields)
-    if unknown:
+    if not fields.issuperset(body):
+        unknown = sorted(set(body) - fields)
         raise BadRequest(f"unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields))}")
     return body
 
@@ -140,13 +145,6 @@ def idempotency_key(request: web.Request) -> str | None:
     return value if api_key is None else f"{api_key.name}\n{value}"
 
 
-async def _acquired(call: Awaitable[Lease]) -> Lease:
-    try:
-        return await call
-    except ValueError as exc:  # the lock service's own checks, after ours
-        raise BadRequest(str(exc)) from None
-
-
 def _ttl_wait(request: web.Request, body: Mapping[str, Any]) -> tuple[float, float]:
     """An acquire's ``ttl_ms`` and ``wait_ms`` in seconds, defaults and bounds from [locks]."""
     locks = request.app[CONFIG].locks
@@ -161,7 +159,7 @@ def _granted(
     """Count the grant and reply with the lease (and the kind's own ``extra`` fields)."""
     valid = lease.remaining()
     request.app[METRICS].lease_granted(lease.lease_id, valid)
-    return web.json_response(
+    return json_answer(
         {
             "name": name,
             "token": lease.token,
@@ -176,7 +174,7 @@ def _granted(
 async def _status(request: web.Request) -> web.Response:
     name = _lock_name(request)
     info = await request.app[LOCKS].inspect(name)
-    return web.json_response(
+    return json_answer(
         {
             "name": name,
             "held": info.held,
@@ -197,7 +195,7 @@ async def _renew(request: web.Request) -> web.Response:
     """
     name = _lock_name(request)
     locks = request.app[CONFIG].locks
-    body = await _json_object(request, {"lease_id", "ttl_ms", "wait_ms", "mode", "permits"})
+    body = await _json_object(request, _RENEW_FIELDS)
     if not {"wait_ms", "mode", "permits"}.isdisjoint(body) or "lease_id" not in body:
         # an acquire of a name ending in /renew
         kind = "semaphore" if request.path.startswith("/v1/semaphores/") else "lock"
@@ -214,7 +212,7 @@ async def _renew(request: web.Request) -> web.Response:
     extended = await request.app[LOCKS].extend(LockManager.handle(name, lease_id), ttl)
     valid = extended.remaining()
     request.app[METRICS].lease_renewed(lease_id, valid)
-    return web.json_response(
+    return json_answer(
         {"name": name, "token": extended.token, "ttl_ms": _millis(ttl), "valid_ms": _millis(valid)}
     )
 
@@ -241,13 +239,16 @@ async def lock_renew(request: web.Request) -> web.Response:
 async def lock_acquire(request: web.Request) -> web.Response:
     """Take a lock (``mode`` exclusive or shared); wait up to wait_ms for it."""
     name = _lock_name(request)
-    body = await _json_object(request, {"ttl_ms", "wait_ms", "mode"})
+    body = await _json_object(request, _LOCK_FIELDS)
     ttl, wait = _ttl_wait(request, body)
     mode = _mode(body)
     key = idempotency_key(request)
-    lease = await _acquired(
-        request.app[LOCKS].acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key)
-    )
+    try:
+        lease = await request.app[LOCKS].acquire(
+            name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key
+        )
+    except ValueError as exc:  # the lock service's own checks, after ours
+        raise BadRequest(str(exc)) from None
     return _granted(request, name, lease, ttl, {"mode": lease.mode})
 
 
@@ -274,13 +275,16 @@ async def semaphore_renew(request: web.Request) -> web.Response:
 async def semaphore_acquire(request: web.Request) -> web.Response:
     """Take one of ``permits`` leases of a semaphore; wait up to wait_ms for one."""
     name = _lock_name(request)
-    body = await _json_object(request, {"permits", "ttl_ms", "wait_ms"})
+    body = await _json_object(request, _SEMAPHORE_FIELDS)
     permits = _permits(body)
     ttl, wait = _ttl_wait(request, body)
     key = idempotency_key(request)
-    lease = await _acquired(
-        request.app[LOCKS].acquire_semaphore(name, permits, ttl=ttl, wait=wait, idempotency_key=key)
-    )
+    try:
+        lease = await request.app[LOCKS].acquire_semaphore(
+            name, permits, ttl=ttl, wait=wait, idempotency_key=key
+        )
+    except ValueError as exc:  # the lock service's own checks, after ours
+        raise BadRequest(str(exc)) from None
     return _granted(request, name, lease, ttl, {"permits": lease.permits})
 
 

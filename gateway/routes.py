@@ -33,7 +33,7 @@ from gateway.errors import (
     UnknownStore,
 )
 from gateway.guard import add_guarded, add_unmatched
-from gateway.headers import one_header
+from gateway.headers import json_answer, one_header
 from gateway.lock_routes import routes as lock_routes
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
@@ -182,7 +182,7 @@ async def put(request: web.Request) -> web.Response:
         await _fence(request, entry, scope, token)
     content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE)
     stored = await entry.store.put(scope, key, token, body, content_type=content_type)
-    return web.json_response({"store": entry.name, "key": key, "token": stored})
+    return json_answer({"store": entry.name, "key": key, "token": stored})
 
 
 # No HEAD here (405): a read with X-Fencing-Token raises the key's mark, and a
@@ -225,7 +225,7 @@ async def stats_hot(request: web.Request) -> web.Response:
     n = int(raw)
     shared = request.app[STATE].shared
     others = [] if shared is None else await asyncio.to_thread(shared.read_hot, exclude=os.getpid())
-    return web.json_response(
+    return json_answer(
         {
             "window_s": hot.window,
             "by_wait_time": [h.as_json() for h in hot.top(n, others=others)],
@@ -237,13 +237,13 @@ async def stats_hot(request: web.Request) -> web.Response:
 @routes.get("/v1/openapi.json", name="openapi")
 async def openapi_document(request: web.Request) -> web.Response:
     """This API as an OpenAPI 3 document."""
-    return web.json_response(openapi())
+    return json_answer(openapi())
 
 
 @routes.get("/healthz", name="healthz")
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process runs and its event loop answers."""
-    return web.json_response({"status": "ok"})
+    return json_answer({"status": "ok"})
 
 
 @routes.get("/readyz", name="readyz")
@@ -278,7 +278,7 @@ async def readyz(request: web.Request) -> web.Response:
     if retry is not None:  # locks come back by themselves once quarantines end
         body["locks_ready_in_s"] = round(retry, 3)
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
-    return web.json_response(body, status=200 if ready else 503, headers=headers)
+    return json_answer(body, status=200 if ready else 503, headers=headers)
 
 
 async def _probe(

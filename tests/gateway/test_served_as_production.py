@@ -47,7 +47,7 @@ async def _runner_of_fencegate_serve(
     config = parse_config({**raw, "listen": "127.0.0.1:0"})
     with monkeypatch.context() as patch:
         patch.setattr(web.AppRunner, "setup", record)
-        patch.setattr(serve, "_freeze_startup_objects", lambda: None)  # no gc.freeze here
+        patch.setattr(serve, "_tune_garbage_collection", lambda: None)  # not in the test process
         task = asyncio.create_task(serve._serve_until_signal(config, None))
         try:
             for _ in range(500):
