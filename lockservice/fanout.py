@@ -37,7 +37,11 @@ class Round(Generic[T]):
     timeout: float
 
     def count(self, good: Callable[[T], bool]) -> int:
-        return sum(r is not None and good(r) for r in self.replies)
+        n = 0
+        for r in self.replies:
+            if r is not None and good(r):
+                n += 1
+        return n
 
     def errors(self, good: Callable[[T], bool]) -> dict[str, str]:
         """Why each node that did not answer ``good`` failed, by node label.
@@ -140,8 +144,13 @@ class Rounds:
         n, q = self.n, need or self.quorum
 
         def decided(replies: Sequence[T | None]) -> bool:
-            ok = sum(r is not None and good(r) for r in replies)
-            bad = sum(r is not None and not good(r) for r in replies)
+            ok = bad = 0
+            for r in replies:
+                if r is not None:
+                    if good(r):
+                        ok += 1
+                    else:
+                        bad += 1
             return ok >= q or bad > n - q or ok + bad == n
 
         return decided

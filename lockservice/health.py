@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Final
 
 from lockservice.events import LockEvents
 from lockservice.protocol import NodeState
@@ -25,6 +26,7 @@ from lockservice.replies import (
 __all__ = ["Health"]
 
 log = logging.getLogger(__name__)
+_HEALTHY_ALREADY: Final = frozenset({Granted, Held})  # answers that keep a healthy node so
 
 
 class Health:
@@ -64,6 +66,8 @@ class Health:
 
     def note(self, index: int, reply: AcquireReply) -> None:
         """What an acquire's answer says of the node."""
+        if self.states[index] is NodeState.HEALTHY and type(reply) in _HEALTHY_ALREADY:
+            return  # the common answer: nothing to change
         if isinstance(reply, Failure):
             if reply.down:
                 self.set(index, NodeState.DOWN)

@@ -27,7 +27,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from lockservice import scripts
 from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
 from lockservice.resp import (
-    Again,
     Connection,
     Reply,
     Retry,
@@ -235,16 +234,16 @@ class Node:
             return self._unsent()
         keys = keys if isinstance(keys, tuple) else tuple(keys)
         args = args if isinstance(args, tuple) else tuple(args)
-        instead = (b"EVAL", script.source, len(keys), *keys, *args)
         if conn.load_library is not None:
-            packed = pack_script(b"FCALL", script.function, keys, args)
             return conn.send_packed(
-                packed, later=later or self.batch_writes, noscript=Again(packed, instead)
+                pack_script(b"FCALL", script.function, keys, args),
+                later=later or self.batch_writes,
+                noscript=(script, keys, args, True),
             )
         return conn.send_packed(
             pack_script(b"EVALSHA", script.sha, keys, args),
             later=later or self.batch_writes,
-            noscript=instead,
+            noscript=(script, keys, args, False),
         )
 
     def _failed(self, reason: str) -> None:

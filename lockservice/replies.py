@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import cast
 
 from lockservice.resp import Reply, ReplyError
 
@@ -136,9 +137,13 @@ def failure(reply: Reply) -> Failure | None:
 
 
 def _ints(reply: Reply) -> list[int] | None:
-    if isinstance(reply, list) and all(isinstance(x, int) for x in reply):
-        return [x for x in reply if isinstance(x, int)]
-    return None
+    """``reply`` if it is a list of integers (hiredis makes exact ints, never bools)."""
+    if type(reply) is not list:
+        return None
+    for x in reply:
+        if type(x) is not int:
+            return None
+    return cast(list[int], reply)
 
 
 def _unexpected(reply: Reply) -> Failure:

@@ -19,12 +19,14 @@ import collections
 import logging
 import ssl
 from collections.abc import Callable
-from typing import NamedTuple, TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import hiredis
 
+if TYPE_CHECKING:
+    from lockservice.scripts import Script
+
 __all__ = [
-    "Again",
     "Connection",
     "Reply",
     "ReplyError",
@@ -89,18 +91,12 @@ def pack_script(
     return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), head, _body(args)))
 
 
-class Again(NamedTuple):
-    """An FCALL's retry when the node is missing the library: ``call`` (the packed
-    FCALL) again after the library's load, and ``instead`` (the EVAL of the script's
-    source) if it misses again, the load refused."""
-
-    call: bytes
-    instead: tuple[bytes | str | int, ...]
-
-
-# What to send when the script is missing on the node: the EVAL of its source (a
-# tuple, packed only then) for an EVALSHA answered NOSCRIPT, or ``Again`` for an FCALL.
-Retry: TypeAlias = "tuple[bytes | str | int, ...] | Again | None"
+# What to send when the script is missing on the node, built only then: the script,
+# its keys and arguments, and whether the command was an FCALL to send again after
+# the library's load (else, and when that load was refused: EVAL of its source).
+Retry: TypeAlias = (
+    "tuple[Script, tuple[bytes | str, ...], tuple[bytes | str | int, ...], bool] | None"
+)
 _MISSING_FUNCTION = "ERR Function not found"
 
 _Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, Retry]"
@@ -162,7 +158,7 @@ class Connection(asyncio.Protocol):
     def _resend(
         self,
         fut: asyncio.Future[Reply],
-        retry: tuple[bytes | str | int, ...] | Again,
+        retry: tuple[Script, tuple[bytes | str, ...], tuple[bytes | str | int, ...], bool],
         error: ReplyError,
     ) -> bool:
         """Run a script the node is missing (restarted, flushed, a replica promoted)
@@ -178,17 +174,16 @@ class Connection(asyncio.Protocol):
         if not (text.startswith("NOSCRIPT") or text == _MISSING_FUNCTION):
             return False
         now = self._loop.time()
-        if isinstance(retry, Again):
-            if self.load_library is None:  # refused already on this connection
-                retry = retry.instead
-            else:
-                # "already exists" when another call's miss loaded it first: the same code
-                self._pending.append((self._library_load, now, None))
-                self._pending.append((fut, now, retry.instead))
-                self._write(self.load_library + retry.call)
-                return True
+        script, keys, args, again = retry
+        if again and self.load_library is not None:  # else refused already: EVAL
+            # "already exists" when another call's miss loaded it first: the same code
+            self._pending.append((self._library_load, now, None))
+            self._pending.append((fut, now, (script, keys, args, False)))
+            self._write(self.load_library + pack_script(b"FCALL", script.function, keys, args))
+            return True
         self._pending.append((fut, now, None))
-        self._write(_pack(retry))  # EVAL runs the source (and caches it for EVALSHA)
+        # EVAL runs the source (and caches it for EVALSHA)
+        self._write(_pack((b"EVAL", script.source, len(keys), *keys, *args)))
         return True
 
     def _library_loaded(self, reply: Reply) -> None:
@@ -220,7 +215,7 @@ class Connection(asyncio.Protocol):
         known), so it may ride along with the next command instead of taking a
         write of its own. ``noscript``: what to send when the node is missing the
         script (``Retry``): the EVAL of its source for an EVALSHA answered NOSCRIPT,
-        ``Again`` for an FCALL answered "Function not found" (after
+        the FCALL again for one answered "Function not found" (after
         ``load_library``); the future then resolves to that command's reply: one
         future per call, no second hop.
         """
