@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import cast
 
 from lockservice.resp import Reply, ReplyError
 
@@ -143,7 +142,7 @@ def _ints(reply: Reply) -> list[int] | None:
     for x in reply:
         if type(x) is not int:
             return None
-    return cast(list[int], reply)
+    return reply  # type: ignore[return-value]  # a list of ints: checked above
 
 
 def _unexpected(reply: Reply) -> Failure:
