@@ -12,7 +12,11 @@ share an event loop. The baselines run here, in-process, without HTTP:
   ``release`` of a ``LockManager.handle``), over the same three nodes; and a
   bare aiohttp app (``BARE``, its own process, no fencegate code) serving the
   same two requests with the same JSON shapes. The HTTP path's overhead is
-  gateway CPU per cycle / (bare app CPU + in-process LockManager CPU);
+  gateway CPU per cycle / (bare app CPU + in-process LockManager CPU), with the
+  gateway and the bare app driven by this process's aiohttp client and, in
+  cases of their own, by ``cyclegen`` (``benchmarks.loadgen``: C, a tenth of
+  the client's CPU per cycle, so that the servers' CPU is less the cost of
+  sharing two cores with a load generator heavier than themselves);
 * fenced PUTs: the same gateway with a second store of the same kind and
   ``fencing = "none"``, the storage adapter called in-process, and plain
   asyncpg upserts into an equivalent table with a pool of the same size.
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -63,6 +68,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._report import command, md_table, save, write_json
+from benchmarks.loadgen import LoadGen, prepare
 from gateway.config import redact
 from gateway.shared import SharedDir
 from lockservice import LockManager
@@ -333,6 +339,9 @@ class Case:
     store: str | None = None  # the store whose server-side write time to report
     setup: Callable[[], Awaitable[None]] | None = None
     teardown: Callable[[], Awaitable[None]] | None = None
+    # Instead of ``op``: another process drives the load for given seconds (a tag naming
+    # the run) and reports its ops and CPU seconds (``cyclegen_case``)
+    external: Callable[[float, str], Awaitable[tuple[int, float]]] | None = None
 
 
 async def _expect(resp: aiohttp.ClientResponse, status: int) -> bytes:
@@ -355,6 +364,23 @@ def http_lock_case(label: str, http: aiohttp.ClientSession, gw: Gateway, workers
             await _expect(r, 204)
 
     return Case(label, workers, op, gateway=gw)
+
+
+def cyclegen_case(label: str, gw: Gateway, workers: int, gen: LoadGen) -> Case:
+    """The same cycles driven by ``cyclegen`` (C, one epoll loop: ``benchmarks.loadgen``),
+    ``workers`` connections, one cycle in flight on each; no latencies."""
+    port = int(gw.url.rsplit(":", 1)[1])
+
+    async def external(seconds: float, tag: str) -> tuple[int, float]:
+        out = await asyncio.to_thread(gen.run, port, seconds, tag, connections=workers)
+        if out.get("other"):
+            raise RuntimeError(f"{label}: cyclegen met unexpected answers: {out}")
+        return int(out["released"]), float(out["cpu_s"])
+
+    async def op(i: int) -> None:
+        raise NotImplementedError("driven by cyclegen")
+
+    return Case(label, workers, op, gateway=gw, external=external)
 
 
 def inproc_lock_case(label: str, mgr: LockManager, workers: int, *, as_gateway: bool) -> Case:
@@ -570,6 +596,8 @@ async def run_case(
             done += 1
         return done
 
+    if case.external is not None:
+        return await _run_external(case, case.external, seconds)
     if case.setup is not None:
         await case.setup()
     try:
@@ -614,6 +642,35 @@ async def run_case(
     if errors:
         row["error_kinds"] = dict(errors.most_common(5))
     return row
+
+
+async def _run_external(
+    case: Case, external: Callable[[float, str], Awaitable[tuple[int, float]]], seconds: float
+) -> dict[str, Any]:
+    """A case another process drives: a second of warm-up, then ``seconds`` measured."""
+    tag = uuid.uuid4().hex[:8]
+    await external(min(1.0, seconds), f"w{tag}")
+    gw = case.gateway
+    gw0 = gw.cpu_seconds() if gw else 0.0
+    busy0, total0 = _machine_ticks()
+    start = time.perf_counter()
+    ops, gen_cpu = await external(seconds, f"m{tag}")
+    elapsed = time.perf_counter() - start
+    busy1, total1 = _machine_ticks()
+    gw1 = gw.cpu_seconds() if gw else 0.0
+    per_op = 1e6 / ops if ops else float("nan")
+    return {
+        "ops_per_s": ops / elapsed,
+        "p50_ms": None,  # cyclegen reports no latencies
+        "p99_ms": None,
+        "gw_cpu_us": (gw1 - gw0) * per_op if gw else None,
+        "gen_cpu_us": gen_cpu * per_op,
+        "busy": (busy1 - busy0) / max(total1 - total0, 1),
+        "srv_ms": None,
+        "store_ms": None,
+        "errors": 0,
+        "ops": ops,
+    }
 
 
 # ---------------------------------------------------------------- profile
@@ -840,6 +897,8 @@ def ratios(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict[str, A
 
 BARE_CASE: Final = "bare aiohttp app (no fencegate code)"
 HTTP_CASE: Final = "HTTP (gateway process)"
+HTTP_LEAN_CASE: Final = "HTTP (gateway process), driven by cyclegen"
+BARE_LEAN_CASE: Final = "bare aiohttp app, driven by cyclegen"
 INPROC_CASE: Final = "in-process, the gateway's calls"
 OVERHEAD_TARGET: Final = 1.2
 
@@ -852,12 +911,15 @@ def http_overhead(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict
     in the in-process case, which does nothing else). Redis's CPU is in neither side.
     """
     out: dict[str, Any] = {}
-    for group in ("locks/one_client", "locks/32_clients"):
+    drivers = (("cyclegen", HTTP_LEAN_CASE, BARE_LEAN_CASE), ("aiohttp", HTTP_CASE, BARE_CASE))
+    for (driver, http_case, bare_case), group in itertools.product(
+        drivers, ("locks/one_client", "locks/32_clients")
+    ):
         values, parts = [], []
         for r in per_round:
             rows = r.get(group, {})
-            gw = rows.get(HTTP_CASE, {}).get("gw_cpu_us")
-            bare = rows.get(BARE_CASE, {}).get("gw_cpu_us")
+            gw = rows.get(http_case, {}).get("gw_cpu_us")
+            bare = rows.get(bare_case, {}).get("gw_cpu_us")
             inproc = rows.get(INPROC_CASE, {}).get("gen_cpu_us")
             if gw and bare and inproc:
                 values.append(gw / (bare + inproc))
@@ -865,7 +927,9 @@ def http_overhead(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict
         if not values:
             continue
         med = statistics.median(values)
-        out[group] = {
+        out[f"{group}, {driver}"] = {
+            "group": group,
+            "driver": driver,
             "median": med,
             "min": min(values),
             "max": max(values),
@@ -942,6 +1006,7 @@ async def main(args: argparse.Namespace) -> None:
         closers.append(lean.close)
 
         ttl_ms = min(300_000, int((args.seconds + 60) * 1000))
+        gen = prepare("cyclegen", workdir)
         groups: dict[str, list[Case]] = {}
         for workers, key in ((1, "locks/one_client"), (WORKERS, "locks/32_clients")):
             groups[key] = [
@@ -951,6 +1016,8 @@ async def main(args: argparse.Namespace) -> None:
                 inproc_lock_case("in-process, own Lease (release not awaited)", mgr, workers,
                                  as_gateway=False),
                 http_lock_case(BARE_CASE, http, bare, workers),
+                cyclegen_case(HTTP_LEAN_CASE, gw, workers, gen),
+                cyclegen_case(BARE_LEAN_CASE, bare, workers, gen),
             ]  # fmt: skip
         groups["put/postgres"] = [
             http_put_case("HTTP fenced", http, gw, "pg", body, fenced=True, ttl_ms=ttl_ms),
@@ -1103,15 +1170,20 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
             "Gateway CPU per acquire + release cycle / (the bare aiohttp app's CPU per cycle + "
             "the in-process LockManager cycle's CPU): 1.0 would be an HTTP path that costs "
             "nothing beyond aiohttp itself and the lock service. Medians of per-round "
-            "ratios, min..max; CPU columns are medians over the rounds.",
+            "ratios, min..max; CPU columns are medians over the rounds. Two load generators "
+            "drive the gateway and the bare app: `cyclegen` (C, one epoll loop, some 20 µs of "
+            "CPU per cycle: `benchmarks/loadgen.py`) and this process's aiohttp client "
+            "(200-400 µs per cycle, more than either server, on the same two cores).",
             "",
-            "| clients | gateway µs | bare aiohttp µs | LockManager µs | ratio | range | target |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| clients | load generator | gateway µs | bare aiohttp µs | LockManager µs | ratio "
+            "| range | target |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for group, o in results["http_overhead"].items():
+        for o in results["http_overhead"].values():
             verdict = "met" if o["ok"] else "MISSED"
             lines.append(
-                f"| {group} | {o['gateway_cpu_us']:.0f} | {o['bare_cpu_us']:.0f} | "
+                f"| {o['group']} | {o['driver']} | {o['gateway_cpu_us']:.0f} | "
+                f"{o['bare_cpu_us']:.0f} | "
                 f"{o['lockmanager_cpu_us']:.0f} | **{o['median']:.2f}x** | "
                 f"{o['min']:.2f}..{o['max']:.2f} | <= {o['target']:g}: **{verdict}** |"
             )
