@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,25 @@ async def test_wrong_method_is_405_json(client: Client, method: str, path: str) 
     body = await response.json()
     assert body["error"] == "method_not_allowed"
     assert set(response.headers["Allow"].split(", ")) == set(body["allowed"])
+
+
+async def test_a_request_target_that_is_no_path_is_404_json(client: Client) -> None:
+    """``OPTIONS *`` (RFC 9110 9.3.7) names no path: no route takes it, and it is answered
+    as every path no route takes is, in JSON, not with aiohttp's text."""
+    port = client.server.port
+    assert port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(10):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            fields = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+            body = json.loads(await reader.readexactly(int(fields["content-length"])))
+    finally:
+        writer.close()
+    assert head[0].split()[1] == "404"
+    assert fields["content-type"] == "application/json; charset=utf-8"
+    assert body["error"] == "not_found"
 
 
 async def test_openapi_lists_exactly_the_routes_of_the_app(client: Client) -> None:
