@@ -249,12 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--without", action="append", default=[], metavar="RULE")
     p.add_argument("--dfs", action="store_true", help="depth first: long counterexamples sooner")
+    p.add_argument("--down", default="", help="nodes down throughout: 0,1,...")
+    p.add_argument(
+        "--liveness", action="store_true", help="check liveness.py's progress, not the invariants"
+    )
     a = p.parse_args(argv)
     bounds = Bounds(
         clients=a.clients, acquires=_acquires(a.acquires), tries=a.tries, extends=a.extends,
         max_time=a.time, ttl=a.ttl, faults=a.faults, crashes=a.crashes, capacity=a.capacity,
         reorders=a.reorders, counter=a.counter, kinds=frozenset(k for k in a.kinds.split(",") if k),
         keyed=a.keyed, modes=tuple(m for m in a.modes.split(",") if m), permits=a.permits,
+        down=frozenset(int(n) for n in a.down.split(",") if n),
     )  # fmt: skip
     model = Model(bounds, frozenset(r.upper() for r in a.without))
     print(f"bounds {bounds._asdict()}, without {sorted(model.rules.off) or 'nothing'}")
@@ -263,10 +268,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r.states} states, depth {r.depth}, {r.seconds:.0f} s, "
               f"{r.states / max(r.seconds, 1e-9):.0f} states/s", flush=True)  # fmt: skip
 
-    result = explore(
-        model, max_depth=a.depth, max_states=a.max_states, seconds=a.seconds, progress=progress,
-        depth_first=a.dfs,
-    )  # fmt: skip
+    if a.liveness:
+        from tests.model.liveness import check  # it builds on this module
+
+        result = check(model, seconds=a.seconds, max_states=a.max_states)
+    else:
+        result = explore(
+            model, max_depth=a.depth, max_states=a.max_states, seconds=a.seconds,
+            progress=progress, depth_first=a.dfs,
+        )  # fmt: skip
     print("\n".join(result.trace))
     print(result.summary())
     return 1 if result.violation else 0

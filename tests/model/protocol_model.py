@@ -72,7 +72,13 @@ class Model(Repeats):
     def _client(self, s: State, c: int, **kw: Any) -> State:
         return s._replace(clients=put(s.clients, c, s.clients[c]._replace(**kw)))
 
+    def _round(self) -> tuple[object, ...]:
+        """The answers of a round just sent: none yet, a down node's failure at once."""
+        return tuple(FAIL if n in self.b.down else None for n in range(self.n))
+
     def _send(self, s: State, c: int, n: int, msg: Msg) -> State:
+        if n in self.b.down:
+            return s  # its call failed at once (``_round``); a release is not replayed
         link = c * self.n + n
         return s._replace(inflight=(*s.inflight, (link, msg)))
 
@@ -99,7 +105,7 @@ class Model(Repeats):
         lease = (c, cl.acquires)
         s = self._send_all(s, c, ("acq", lease, cl.ticket, cl.tries + 1, s.now))
         return self._client(
-            s, c, phase="trying", tries=cl.tries + 1, start=s.now, replies=(None,) * self.n,
+            s, c, phase="trying", tries=cl.tries + 1, start=s.now, replies=self._round(),
             before=before,
         )  # fmt: skip
 
@@ -110,7 +116,7 @@ class Model(Repeats):
             s = self._send_all(s, c, ("raise", (c, cl.acquires), token, cl.tries))
             return self._client(
                 s, c, phase="raising", token=token, valid_until=valid_until, start=s.now,
-                replies=(None,) * self.n,
+                replies=self._round(),
             )  # fmt: skip
         return self._leased(s, c, token, valid_until)
 
@@ -139,7 +145,7 @@ class Model(Repeats):
         s = self._send_all(s, c, ("tag", lease, token))
         return self._client(
             s, c, phase="committing", pending=None, token=token, valid_until=valid_until,
-            start=s.now, replies=(None,) * self.n, held=(lease, token),
+            start=s.now, replies=self._round(), held=(lease, token),
         )  # fmt: skip
 
     def _undo(self, s: State, c: int, *, give_up: bool) -> State:
@@ -300,7 +306,7 @@ class Model(Repeats):
                 s2 = self._send_all(s, c, ("ext", lease, cl.extends + 1, s.now))
                 s2 = self._client(
                     s2, c, phase="extending", extends=cl.extends + 1, start=s.now,
-                    replies=(None,) * self.n,
+                    replies=self._round(),
                 )  # fmt: skip
                 yield ("extend", c), s2
 

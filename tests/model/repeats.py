@@ -34,6 +34,7 @@ class Repeats:
     _client: Callable[..., State]
     _send: Callable[..., State]
     _send_all: Callable[..., State]
+    _round: Callable[[], tuple[object, ...]]
     _attempt: Callable[[State, int], State]
     _abandon: Callable[[State, int], State]
     rules: Rules
@@ -41,7 +42,7 @@ class Repeats:
     def _find(self, s: State, c: int) -> State:
         """A keyed acquire asks the nodes for the lease committed with its tag first."""
         s = self._send_all(s, c, ("find", (c, s.clients[c].acquires)))
-        return self._client(s, c, phase="finding", start=s.now, replies=(None,) * self.n)
+        return self._client(s, c, phase="finding", start=s.now, replies=self._round())
 
     def _after_find(self, s: State, c: int) -> State:
         cl = s.clients[c]

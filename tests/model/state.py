@@ -48,6 +48,8 @@ class Bounds(NamedTuple):
     modes: tuple[str, ...] = ()  # each client's lock kind (R22): exclusive when not listed
     permits: int = 1  # of every semaphore client
     keyed: int = 0  # clients 0 .. keyed - 1 carry one idempotency key (R26)
+    # nodes down throughout (connection refused): a call to one fails at once, unsent
+    down: frozenset[int] = frozenset()
 
 
 class Client(NamedTuple):
