@@ -44,7 +44,7 @@ from lockservice.replies import (
 )
 from lockservice.resync import Resyncer
 
-__all__ = ["Acquirer", "found_lease"]
+__all__ = ["Acquirer", "found_lease", "try_decider"]
 
 _AGAIN = 0.001  # "try again at once" (the grants ran out on the way)
 _MISMATCH_RETRY_MS = 50  # a minority says "other permits": look again soon
@@ -72,33 +72,6 @@ class Acquirer:
         self._cleanups = cleanups
         self._resyncer = resyncer
         self._health = health
-
-    def _decider(self, before: frozenset[int], need: int) -> Decider[AcquireReply]:
-        """Granted, held or unavailable: decided only once the class is certain.
-
-        A held lock must not be reported as a lost quorum because the node that
-        would have said "held" had not answered yet. ``before``: nodes whose
-        grant this waiter already holds (handed over by a release); ``need``: the
-        grants that make a lease (R3, R32).
-        """
-        q = need
-
-        def decided(replies: Sequence[AcquireReply | None]) -> bool:
-            granted = held = pending = 0
-            for i, reply in enumerate(replies):
-                if i in before or isinstance(reply, Granted):
-                    granted += 1
-                elif reply is None:
-                    pending += 1
-                elif isinstance(reply, Held | Mismatch | Tagged):
-                    held += 1
-            if granted >= q:
-                return True
-            if granted + pending >= q:
-                return False  # still grantable
-            return granted + held >= q or granted + held + pending < q or pending == 0
-
-        return decided
 
     async def attempt(
         self,
@@ -139,7 +112,7 @@ class Acquirer:
             for node in self.nodes
         ]
         before = pending.valid(start) if pending.grants else frozenset()
-        decided = self._decider(before, need)
+        decided = try_decider(before, need)
         rnd = await self._rounds.run(futures, parse_acquire, decided, self._health.note)
         busy = []
         tagged: list[Tagged] = []
@@ -264,6 +237,39 @@ class Acquirer:
             fut.add_done_callback(
                 functools.partial(self._handovers.undo_reply, i, lease_id, named[i])
             )
+
+
+def try_decider(before: frozenset[int], need: int) -> Decider[AcquireReply]:
+    """Granted, held or unavailable: decided only once the class is certain.
+
+    A held lock must not be reported as a lost quorum because the node that
+    would have said "held" had not answered yet. ``before``: nodes whose
+    grant this waiter already holds (handed over by a release); ``need``: the
+    grants that make a lease (R3, R32). Such a node counts toward a lease at
+    once, but "held" or "unavailable" waits for its answer (R33).
+    """
+    q = need
+
+    def decided(replies: Sequence[AcquireReply | None]) -> bool:
+        granted = held = pending = owed = 0
+        for i, reply in enumerate(replies):
+            refused = isinstance(reply, Held | Mismatch | Tagged)
+            if isinstance(reply, Granted):
+                granted += 1
+            elif i in before and not refused:
+                owed += 1  # its grant, held since a hand-over or an earlier try
+                pending += reply is None
+            elif reply is None:
+                pending += 1
+            elif refused:
+                held += 1
+        if granted + owed >= q:
+            return True
+        if granted + pending >= q:
+            return False  # still grantable
+        return granted + held >= q or granted + held + pending < q or pending == 0
+
+    return decided
 
 
 def _is_granted(reply: AcquireReply) -> bool:

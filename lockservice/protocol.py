@@ -267,6 +267,14 @@ R32 A semaphore lease over N > 1 nodes needs all N grants, not Q: a try, a
     with QuorumUnavailable; more than N - Q out fails at once, as for every
     kind (``protocol.grants_needed``, ``acquire``, ``manager``,
     ``redlock.extend``).                                                  [I5]
+R33 A waiter's try decides "held" or "unavailable" only once each node whose
+    grant the waiter holds (handed over, or kept by an undo) answered or failed;
+    such a node counts toward a lease before it answers. Its answer is what the
+    undo names (R13): the try re-issued that grant with a new token (R12), so an
+    undo naming the old one did nothing, R15's tie-break never ran, and two
+    waiters split between the live nodes stayed split, each retry renewing both
+    grants. It costs at most ``node_timeout`` per try, when that node is paused
+    (``acquire.try_decider``; the model's liveness check).           [liveness]
 
 Where each rule is checked (tests, model runs, counterexamples): RULES_CHECKED.md
 beside this module.

@@ -15,10 +15,12 @@ import pytest
 import redis
 
 from lockservice import LockManager
+from lockservice.acquire import try_decider
 from lockservice.cleanup import release_args
 from lockservice.handover import Pending
 from lockservice.protocol import RELEASE_CHANNEL, drift, lock_keys
 from lockservice.redlock import Redlock
+from lockservice.replies import Failure, Granted, Held
 from lockservice.scripts import RELEASE
 from tests._servers import RedisNode
 from tests.lockservice.test_waiting import script_calls
@@ -127,6 +129,22 @@ def test_nothing_a_node_says_counts_while_an_undo_to_it_is_unanswered() -> None:
     assert set(p.grants) == {0}
     p.handed(2, 9)  # a hand-over from a node no undo went to
     assert p.lease(now=1.0) == (9, CUT, False)
+
+
+def test_a_try_decides_held_only_once_the_node_it_holds_answered() -> None:
+    """R33: a node whose grant the waiter holds (``before``) counts toward a lease
+    before it answers, but "held" or "unavailable" waits for its answer (the answer
+    is the token the undo must name: the try re-issued the grant, R12)."""
+    decided = try_decider(frozenset({2}), 2)
+    down = Failure("down", down=True)
+    held = Held(pttl=0, counter=5)
+    assert not decided([down, held, None])  # before R33: decided on node 1's "held"
+    assert decided([down, held, Granted(6)])  # its re-issued grant: held, usable 2
+    assert decided([down, held, down])  # it failed: unavailable, its grant given up
+    assert decided([None, Granted(7), None])  # a lease need not wait for it
+    assert decided([down, Granted(7), down])  # nor lose its grant when it is down
+    assert decided([held, held, None])  # a quorum holds it: known without it
+    assert not try_decider(frozenset(), 2)([down, held, None])  # node 2 may grant
 
 
 # ------------------------------------------------------------ real nodes

@@ -1,13 +1,14 @@
 """A bounded liveness check: waiters that each retry once, with no fault, get a lease.
 
 The invariants (``Model.violation``) are safety: nothing bad happens. This is the
-progress a queued waiter is owed (R15): from a *settled* state (every client
-waiting, with a try left, no lease made yet, nothing in flight), every schedule in
-which each waiter retries once and every message is delivered, without a fault, an
-expiry or a waiter giving up, ends with a lease made or ready (Q valid grants held
-by one waiter, taken by its next try without a round trip). A schedule that ends
-otherwise can repeat for ever: the stall of two waiters split between the live
-nodes (``tests/faults/test_split_stall.py``).
+progress the protocol promises a queued waiter (R15, R33): from a *settled* state
+(every client waiting, with a try left, no lease made yet, nothing in flight), every
+schedule in which each waiter retries once and every message is delivered, without
+a fault, an expiry or a waiter giving up, ends with a lease made or ready (Q valid
+grants held by one waiter, taken by its next try without a round trip). A schedule
+that ends otherwise can repeat for ever: the stall of two waiters split between the
+live nodes (``tests/faults/test_split_stall.py``), which a retry that decides before
+the node whose grant it holds answers keeps up (R33 off).
 
 ``check`` explores the reachable states breadth first (``Bounds``: no faults, no
 time, so nothing expires), and from each settled one every continuation in which

@@ -244,17 +244,21 @@ class Model(Repeats):
     def _decided(self, cl: Client, c: int) -> bool:
         r, q = cl.replies, self._need(c)
         if cl.phase == "trying":  # acquire.py _decider
-            granted = held = pending = 0
+            granted = held = pending = owed = 0
             for i, reply in enumerate(r):
-                if i in cl.before:
-                    granted += 1
-                elif reply is None:
-                    pending += 1
+                refused = isinstance(reply, tuple) and reply[0] in (0, -4)
+                if i in cl.before and not self.rules.on("R33"):
+                    granted += 1  # counted granted before it answered
                 elif isinstance(reply, tuple) and reply[0] > 0:
                     granted += 1
-                elif isinstance(reply, tuple) and reply[0] in (0, -4):
+                elif i in cl.before and not refused:
+                    owed += 1  # R33: a lease may count it; held or failed wait for it
+                    pending += reply is None
+                elif reply is None:
+                    pending += 1
+                elif refused:
                     held += 1
-            if granted >= q:
+            if granted + owed >= q:
                 return True
             if granted + pending >= q:
                 return False
