@@ -152,3 +152,35 @@ async def _schedule(
     # and the name can be taken again at once
     response = await client.post(path, json={"ttl_ms": 1000, **holder_body})
     assert response.status == 200, await response.text()
+
+
+async def test_an_acquire_whose_client_closed_right_after_sending_it_takes_no_lock(
+    lock_urls: list[str],
+) -> None:
+    """The client sent its acquire and closed at once (a load generator stopping, a
+    ``curl`` killed): the gateway sees it gone before it asks the lock service, so no
+    name is held for nobody until its ttl runs out. Answered (and counted) 499."""
+    names = [f"cx4/{i}" for i in range(5)]
+    data = json.dumps({"ttl_ms": 10_000}).encode()
+    async with _gateway(lock_urls) as (client, port, registry):
+        for name in names:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"POST /v1/locks/{name} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+            )
+            writer.close()
+            await writer.wait_closed()
+        template = "/v1/locks/{name}"
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while _requests(registry, template, "499") + _requests(registry, template, "200") < 5:
+            assert asyncio.get_running_loop().time() < deadline, "not every acquire was answered"
+            await asyncio.sleep(0.02)
+        assert (_requests(registry, template, "499"), _requests(registry, template, "200")) == (
+            5,
+            0,
+        )
+        for name in names:
+            status = await (await client.get(f"/v1/locks/{name}")).json()
+            assert status["held"] is False, status
