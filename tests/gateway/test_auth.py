@@ -39,6 +39,7 @@ async def code(response: Any) -> tuple[int, str]:
         ("DELETE", "/v1/stores/files/billing/1"),
         ("GET", "/v1/nothing/here"),
         ("PUT", "/v1/stores/nope/k"),
+        ("PATCH", "/v1/locks/billing/1"),  # a /v1 path no route takes by this method
     ],
 )
 @pytest.mark.parametrize(
@@ -57,6 +58,25 @@ async def test_missing_or_unknown_key_is_401_before_anything_else(
 @pytest.mark.parametrize("path", ["/v1/openapi.json", "/healthz", "/readyz", "/metrics"])
 async def test_open_routes_need_no_key(client: Client, path: str) -> None:
     assert (await client.get(path)).status == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/nope", 404),
+        ("GET", "/v2/locks/x", 404),
+        ("GET", "/v1", 404),
+        ("POST", "/healthz", 405),
+        ("PUT", "/v1/openapi.json", 405),
+    ],
+)
+async def test_paths_outside_v1_that_no_route_takes_need_no_key(
+    client: Client, method: str, path: str, status: int
+) -> None:
+    """404 or 405 as without [auth]: only /v1 (but its open paths) asks for a key."""
+    response = await client.request(method, path)
+    assert response.status == status
+    assert "WWW-Authenticate" not in response.headers
 
 
 async def test_key_may_lock_inside_its_prefix_only(client: Client) -> None:
