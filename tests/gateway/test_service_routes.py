@@ -256,6 +256,25 @@ async def test_metrics_are_prometheus_text_with_route_templates(
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
 
 
+async def test_requests_are_counted_by_their_own_method(start: Start) -> None:
+    """HEAD (which a GET route takes) is counted as HEAD, on a route as on no route;
+    a method outside the known ones as "other"."""
+    registry = CollectorRegistry()
+    client = await start(make_config(), registry)
+    assert (await client.head("/v1/locks/counted")).status == 200
+    assert (await client.head("/no/such/path")).status == 404
+    assert (await client.request("PROPFIND", "/v1/locks/counted")).status == 405
+
+    def count(route: str, method: str, status: str) -> float | None:
+        labels = {"route": route, "method": method, "status": status}
+        return registry.get_sample_value("fencegate_http_requests_total", labels)
+
+    assert count("/v1/locks/{name}", "HEAD", "200") == 1
+    assert count(UNMATCHED, "HEAD", "404") == 1
+    assert count(UNMATCHED, "other", "405") == 1
+    assert count("/v1/locks/{name}", "GET", "200") is None
+
+
 async def test_hold_time_is_observed_on_release(start: Start) -> None:
     registry = CollectorRegistry()
     client = await start(make_config(), registry)
