@@ -9,6 +9,7 @@ scripts by EVALSHA. Every test here runs on real redis-server nodes of its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import redis
 
 from lockservice import LockManager, QuorumUnavailable, scripts
-from lockservice.protocol import fence_key, lock_key, lock_keys
+from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY, fence_key, lock_key, lock_keys
 from tests._servers import RedisNode
 from tests.faults.conftest import redlock, wait_until
 
@@ -230,5 +231,39 @@ async def test_a_flushed_library_that_cannot_be_loaded_again_falls_back_to_eval(
         assert len(said) == 1  # once per connection, naming the node
         assert said[0].startswith(f"redis node {state.label}: lock scripts run as EVALSHA: ")
         assert ("NOPERM" if refused == "acl" else "OOM") in said[0]
+    finally:
+        await mgr.close()
+
+
+async def test_a_call_that_misses_after_the_refused_load_came_back_runs_by_eval(
+    node: RedisNode,
+) -> None:
+    """An FCALL sent while a refused FUNCTION LOAD was on its way (nothing said yet
+    that it is refused) misses after the connection turned to EVALSHA: it runs by
+    EVAL, like the call whose miss sent the load. A BLPOP right behind the first
+    call holds the node's answers back meanwhile, on a real server."""
+    with client(node) as r:
+        r.function_load(scripts.LIBRARY.decode())
+    mgr = await LockManager.connect([limited_url(node, "-function")], node_timeout=2.0)
+    try:
+        state = redlock(mgr).nodes[0]
+        assert state.functions
+        with client(node) as r:
+            r.function_flush()
+        node.command("CONFIG", "RESETSTAT")
+        keys, args = (SYNCED_KEY, QUARANTINE_KEY), (state.run_id or "",)
+        first = state.call(scripts.STATE, keys, args)  # misses: the load, then FCALL again
+        hold = state.command("BLPOP", "late:nothing", "0.3")  # what follows waits behind
+        await asyncio.sleep(0.1)
+        assert state.functions  # the load's refusal is not back yet
+        second = state.call(scripts.STATE, keys, args)  # FCALL: misses after the refusal
+        assert await hold is None
+        assert [await first, await second] == [[1, 0], [1, 0]]
+        assert not state.functions
+        assert calls(node).get("eval", 0) == 2  # both misses
+        await cycles(mgr, 2, "late")  # and the connection goes on by EVALSHA
+        done = calls(node)
+        assert done.get("evalsha", 0) >= 2
+        assert done.get("fcall", 0) == 0
     finally:
         await mgr.close()
