@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app import start_draining
+from gateway.state import STATE
 from tests.gateway.conftest import Client, Start, auth_section, bearer, make_config
 
 
@@ -364,6 +365,36 @@ async def test_draining_answers_a_waiting_semaphore_acquire_and_refuses_new_ones
     assert (status, refused["error"]) == (503, "shutting_down")
     headers = {"X-Lease-Id": held["lease_id"]}  # holders can still finish
     assert (await client.delete("/v1/semaphores/drained", headers=headers)).status == 204
+
+
+async def test_draining_answers_every_waiting_acquire_at_once_and_leaves_the_holders(
+    client: Client,
+) -> None:
+    """One drain cuts every acquire in flight (one registry for all of them), whatever its
+    kind and name; the leases granted before it stand."""
+    held = {}
+    for path, body in (("/v1/locks/d/x", {}), ("/v1/locks/d/s", {}),
+                       ("/v1/semaphores/d/m", {"permits": 1})):  # fmt: skip
+        status, held[path] = await post(client, path, {**body, "ttl_ms": 20_000})
+        assert status == 200, held[path]
+    waits = [
+        ("/v1/locks/d/x", {}), ("/v1/locks/d/x", {"mode": "shared"}),
+        ("/v1/locks/d/s", {}), ("/v1/semaphores/d/m", {"permits": 1}),
+    ]  # fmt: skip
+    waiting = [
+        asyncio.create_task(post(client, path, {**body, "wait_ms": 15_000})) for path, body in waits
+    ]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiting)
+    assert client.app is not None
+    assert len(client.app[STATE].acquires) == len(waits)
+    start_draining(client.app)
+    answers = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    assert [(status, a["error"]) for status, a in answers] == [(503, "shutting_down")] * len(waits)
+    assert len(client.app[STATE].acquires) == 0
+    for path, lease in held.items():  # holders can still finish
+        response = await client.delete(path, headers={"X-Lease-Id": lease["lease_id"]})
+        assert response.status == 204, path
 
 
 async def test_a_shared_lease_token_is_refused_for_a_fenced_read_after_a_later_write(
