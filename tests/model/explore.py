@@ -210,6 +210,8 @@ def describe(label: Label) -> str:
         return f"{kind} message of node {n}: {_lease(lease)} token {token}"
     if kind == "resync":
         return f"node {label[1]} resynced by a process that reached nodes {list(label[2])}"  # type: ignore[call-overload]
+    if kind == "recopy":
+        return f"node {label[1]} copies again from nodes {list(label[2])}"  # type: ignore[call-overload]
     if kind == "DROP connection":
         return f"DROP connection of client {label[1]} to node {label[2]}"
     if kind == "CRASH":
