@@ -470,12 +470,16 @@ class Model(Repeats):
     def _recopies(self, s: State, n: int) -> Iterator[tuple[Label, State]]:
         """R21: once its quarantine is over, node ``n`` copies the counters again from
         N - Q + 1 synced nodes (not waiting for a copy of their own) before it grants:
-        a try in flight during the first copy may have made a lease since."""
+        a try in flight during the first copy may have made a lease since. Without R18
+        it takes its sources as the first copy did (resync.py chooses both by one
+        rule): any Q - 1 nodes or more that it reached, synced or not."""
         others = [m for m in range(self.n) if m != n]
         needed = self.n - self.q + 1
+        r18 = self.rules.on("R18")
+        sizes = [needed] if r18 else range(self.q - 1, len(others) + 1)
         done = set()
-        for seen in combinations(others, needed):
-            if not all(s.nodes[m].synced and not s.nodes[m].recopy for m in seen):
+        for seen in (x for k in sizes for x in combinations(others, k)):
+            if r18 and not all(s.nodes[m].synced and not s.nodes[m].recopy for m in seen):
                 continue
             fence = max(s.nodes[n].fence, *(s.nodes[m].fence for m in seen))
             node = s.nodes[n]._replace(fence=fence, recopy=False)

@@ -139,8 +139,12 @@ DEEP_TEETH: dict[str, tuple[Bounds, str]] = {
     "R10": (Bounds(acquires=(2, 1), max_time=2, faults=0, reorders=1), "I1"),
     # R18 switched off is the fallback resync.py had before it followed R18: a resync
     # that reached one synced node (the other merely unreachable) copies from it, with
-    # a base from a wall clock that is behind
-    "R18": (Bounds(max_time=2, faults=2, kinds=CRASH | {"drop"}, reorders=0), "I2"),
+    # a base from a wall clock that is behind; R21's second copy chooses its sources by
+    # the same rule (12 steps; one try and one request per link keep it under a minute)
+    "R18": (
+        Bounds(max_time=2, faults=2, kinds=CRASH | {"drop"}, reorders=0, tries=1, capacity=1),
+        "I2",
+    ),
 }
 
 # The finding: a grant still on its way to a node when a restarted node is resynced
