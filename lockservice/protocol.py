@@ -126,11 +126,13 @@ R20 A node whose ``maxmemory-policy`` is not ``noeviction`` never counts: it
     could evict counters or live locks (``node``; checked at each connect, so
     a policy changed at run time is seen at the next reconnect).            [I2]
 R21 After its quarantine a resynced node copies the counters again, from N - Q
-    + 1 synced nodes that are not waiting for a copy of their own (or from all
-    such nodes, when every node answers), before it grants: a try sent before
-    the restart may have run on a synced node after the first copy and made a
-    lease with the grant the node forgot. The model found this schedule
-    (``mark_synced.lua``, ``recopied.lua``, ``resync``).                   [I2]
+    + 1 synced nodes that are not waiting for a copy of their own, before it
+    grants: a try sent before the restart may have run on a synced node after
+    the first copy and made a lease with the grant the node forgot. When every
+    node answers and fewer such nodes exist (a majority restarted since: that
+    grant may be on no node), it copies from all of them and raises its token
+    base above the wall clock, as R18's fallback. The model found both
+    schedules (``mark_synced.lua``, ``recopied.lua``, ``resync``).         [I2]
 
 R22 Modes: an exclusive request conflicts with every holder; a shared one joins
     shared holders; a semaphore(N) one joins semaphore holders of the same N

@@ -245,7 +245,9 @@ class Resyncer:
         A try sent before the node restarted may have run on a synced node after the
         first copy, and made a lease with the grant this node forgot: copy again, from
         N - Q + 1 synced nodes not waiting for a copy of their own (only those can
-        grant), or from all of them when every node answers.
+        grant). When every node answers and fewer are such nodes (two nodes that both
+        wait would otherwise wait for each other), from every node, with a wall-clock
+        base above them all, as R18's fallback: the grant may be on no node by then.
         """
         if waiting[node.index] != 1:
             return True  # nothing to do: synced, by this process or another
@@ -266,9 +268,17 @@ class Resyncer:
                 node.label, len(able), needed,
             )  # fmt: skip
             return False
-        copied = await self._copy_from(able, node)
+        sources, base = able, 0
+        if len(able) < needed:
+            # Every node answered and too few are synced and not waiting: a majority
+            # restarted since the first copy, and a grant this node forgot may be on no
+            # node now. R18's fallback: every counter left, a wall-clock base above them.
+            sources, base = [n for n, _ in others], _new_base(others)
+        copied = await self._copy_from(sources, node)
         async with asyncio.timeout(self._timeout):
-            done = await node.call(scripts.RECOPIED, (SYNCED_KEY, QUARANTINE_KEY), (run_id or "",))
+            done = await node.call(
+                scripts.RECOPIED, (SYNCED_KEY, QUARANTINE_KEY), (run_id or "", base)
+            )
         if done != 1 or node.run_id != run_id:
             return False
         log.info("redis node %s copied again (%d counters raised) and grants again",

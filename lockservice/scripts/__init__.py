@@ -56,7 +56,8 @@ def _read(name: str) -> bytes:
 # refused under OOM (they only delete or expire: DEL, ZREM, HDEL, PEXPIRE, or a
 # hand-over after such a delete) gets `allow-oom`: release, undo, extend, find and
 # recopied never become impossible on a full node (extend of a group member, whose
-# ZADD updates an existing member, now also works there). The scripts that grant or
+# ZADD updates an existing member, now also works there; recopied's new base, R21,
+# rewrites the marker in place with a value of the same size). The scripts that grant or
 # raise counters (acquire, tag, raise_fence, resync, mark_synced) keep no flags:
 # refused whole at the start, never half-run. `no-writes` only for the truly
 # read-only ones (inspect, state: no write in them or the helpers they call); find

@@ -395,3 +395,37 @@ async def test_a_grant_that_lands_after_the_first_copy_is_copied_again(
     assert _raw_acquire(two, l1) == t  # L1 on node 2
     await wait_until(lambda: copied_again(zero), 10.0, "node 0 copied again")
     assert _raw_acquire(zero, l1) > t  # not L0's token again
+
+
+async def test_a_second_copy_after_a_second_restart_keeps_tokens_increasing(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R21 with R18's fallback, the schedule the model check found (tests/model).
+
+    As above, L0 holds nodes 0 and 1 with token t, node 0 having forgotten it. Then
+    node 1 restarts empty too before node 0's quarantine ends: no node keeps t. Every
+    node answers, fewer than N - Q + 1 are synced and not waiting, so node 0's second
+    copy cannot find t anywhere; it must start above the wall clock as the first copy
+    of a majority-restarted cluster does, else L1 gets t again on nodes 0 and 2.
+    """
+    zero, one, two = own_redis3
+    mgr = await connect(own_redis3, max_ttl=3.0)
+    issued: list[int] = []
+    for _ in range(3):
+        await _grant(mgr, issued)
+    await wait_until(
+        lambda: all(reply_int(n.command("EXISTS", lock_key(NAME))) == 0 for n in own_redis3),
+        3.0,
+        "the last release ran on every node",
+    )
+    l0, l1 = "0" * 32, "1" * 32
+    t = _raw_acquire(zero, l0)
+    assert t > max(issued)
+    zero.restart(lose_data=True)
+    await wait_until(lambda: quarantine_ms(zero) > 0, 5.0, "node 0 resynced and quarantined")
+    assert _raw_acquire(one, l0) == t  # L0's try, late on node 1: L0 holds nodes 0 and 1
+    one.restart(lose_data=True)  # within node 0's quarantine (3 s)
+    assert quarantine_ms(zero) > 0, "node 1 restarted too late for this schedule"
+    await wait_until(lambda: copied_again(zero), 15.0, "node 0 copied again")
+    assert _raw_acquire(two, l1) == t  # L1 on node 2, which never saw t
+    assert _raw_acquire(zero, l1) > t  # not L0's token again

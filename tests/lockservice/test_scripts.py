@@ -198,6 +198,23 @@ def test_mark_synced_sets_base_upwards_and_quarantines(r: redis.Redis) -> None:
     assert r.get(SYNCED) == f"{BASE + 9} {later_run}".encode()
 
 
+def test_recopied_clears_the_flag_and_raises_the_base_only_upwards(r: redis.Redis) -> None:
+    run_id = "n" * 40
+    flag = QUAR + ":recopy"
+    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE, 2_000, run_id]) == 1
+    assert r.exists(flag) == 1
+    assert run(r, scripts.RECOPIED, [SYNCED, QUAR], [run_id, BASE - 7]) == 1
+    assert r.get(SYNCED) == f"{BASE} {run_id}".encode()  # a lower base changes nothing
+    assert r.exists(flag) == 0
+    r.set(flag, 1)
+    assert run(r, scripts.RECOPIED, [SYNCED, QUAR], [run_id, BASE + 7]) == 1  # R18's fallback
+    assert r.get(SYNCED) == f"{BASE + 7} {run_id}".encode()
+    r.set(flag, 1)
+    assert run(r, scripts.RECOPIED, [SYNCED, QUAR], ["m" * 40, BASE + 9]) == 0  # another run
+    assert r.get(SYNCED) == f"{BASE + 7} {run_id}".encode()
+    assert r.exists(flag) == 1
+
+
 def test_script_shas_match_their_sources(r: redis.Redis) -> None:
     for script in scripts.ALL:
         assert r.script_load(script.source) == script.sha.decode()

@@ -468,24 +468,37 @@ class Model(Repeats):
                     yield ("resync", n, seen), s._replace(nodes=put(s.nodes, n, node))
 
     def _recopies(self, s: State, n: int) -> Iterator[tuple[Label, State]]:
-        """R21: once its quarantine is over, node ``n`` copies the counters again from
-        N - Q + 1 synced nodes (not waiting for a copy of their own) before it grants:
-        a try in flight during the first copy may have made a lease since. Without R18
-        it takes its sources as the first copy did (resync.py chooses both by one
-        rule): any Q - 1 nodes or more that it reached, synced or not."""
+        """R21: once its quarantine is over, node ``n`` copies the counters again before
+        it grants: a try in flight during the first copy may have made a lease since.
+        As ``Resyncer._recopy``: from the synced nodes among those that answered that
+        are not waiting for a copy of their own, when there are N - Q + 1 of them;
+        else, when every other node answered, from all of them with a wall-clock base
+        above every token (R18's fallback: two nodes that both wait would otherwise
+        wait for each other). Without R18 it takes its sources as the first copy did
+        (resync.py chooses both by one rule): any Q - 1 nodes or more that it
+        reached, synced or not."""
         others = [m for m in range(self.n) if m != n]
         needed = self.n - self.q + 1
         r18 = self.rules.on("R18")
-        sizes = [needed] if r18 else range(self.q - 1, len(others) + 1)
         done = set()
-        for seen in (x for k in sizes for x in combinations(others, k)):
-            if r18 and not all(s.nodes[m].synced and not s.nodes[m].recopy for m in seen):
-                continue
-            fence = max(s.nodes[n].fence, *(s.nodes[m].fence for m in seen))
-            node = s.nodes[n]._replace(fence=fence, recopy=False)
+        least = 1 if r18 else self.q - 1
+        for seen in (x for k in range(least, len(others) + 1) for x in combinations(others, k)):
+            sources = seen
+            if r18:
+                sources = tuple(m for m in seen if s.nodes[m].synced and not s.nodes[m].recopy)
+                everyone = len(seen) == len(others) and not any(m in self.b.down for m in seen)
+                if len(sources) < needed and not everyone:
+                    continue
+            base = s.nodes[n].base
+            if r18 and len(sources) < needed:
+                # R18's fallback: a majority restarted since the first copy, every
+                # node answered; every counter left, the wall clock above them all
+                sources, base = seen, 1 + max((*s.leases, *(x.fence for x in s.nodes), 0))
+            fence = max(s.nodes[n].fence, *(s.nodes[m].fence for m in sources))
+            node = s.nodes[n]._replace(fence=fence, recopy=False, base=base)
             if node not in done:
                 done.add(node)
-                yield ("recopy", n, seen), s._replace(nodes=put(s.nodes, n, node))
+                yield ("recopy", n, sources), s._replace(nodes=put(s.nodes, n, node))
 
     def _may(self, s: State, kind: str) -> bool:
         return s.faults < self.b.faults and kind in self.b.kinds

@@ -324,6 +324,48 @@ def test_without_the_second_copy_a_resync_misses_a_grant_in_flight() -> None:
     _bite("R21", RACE, "I2")
 
 
+# The second R21 finding (README): L0.1's token on nodes 0 and 1 only, both restart.
+TWICE = Bounds(max_time=2, faults=2, crashes=2, kinds=CRASH, reorders=1, tries=1, capacity=1)
+TWICE_STEPS: tuple[tuple[object, ...], ...] = (
+    ("acquire", 0),
+    ("run", 0, 0),
+    ("CRASH", 0),
+    ("resync", 0, (1, 2)),
+    ("run", 1, 0),
+    ("tick",),
+    ("acquire", 1),
+    ("tick",),
+    ("CRASH", 1),
+)
+
+
+def test_a_second_copy_after_a_second_restart_takes_the_fallback() -> None:
+    """R21 with R18's fallback: node 1 restarted empty after L0.1 got token 1 on nodes
+    0 and 1, so no node keeps it. Every node answers node 0's second copy: it copies
+    from all of them with a base above every token (before the fix: from node 2 alone,
+    and L1.1 got token 1 again; without the branch, node 0 could not copy at all)."""
+    model = Model(TWICE)
+    state = model.initial()
+    for want in TWICE_STEPS:
+        nxt = _step(model, state, want)
+        assert nxt is not None, want
+        state = nxt
+    copies = [(label, nxt) for label, nxt in model.successors(state) if label[:2] == ("recopy", 0)]
+    assert copies, "node 0 waits for its second copy forever"
+    for label, nxt in copies:
+        assert label[2] == (1, 2), label
+        assert nxt.nodes[0].base > 1, label
+    state = copies[0][1]
+    for want in (("run", 2, 1), ("run", 2, 0), ("run", 0, 1)):
+        nxt = _step(model, state, want)
+        assert nxt is not None, want
+        state = nxt
+    lock = state.nodes[0].lock
+    assert lock is not None, state.nodes[0]
+    assert lock[1] > 1, state.nodes[0]
+    assert model.violation(state) is None, model.violation(state)
+
+
 @pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
 @pytest.mark.parametrize("rule", sorted(DEEP_TEETH))
 def test_without_the_rule_an_invariant_breaks_deep(rule: str) -> None:
