@@ -116,7 +116,10 @@ R18 A resync raises every counter of the unsynced node to the largest value
     wall-clock base above them all; while a node does not answer, it waits. A
     node joins without quarantine only when no lease can have been granted:
     N - Q + 1 synced nodes or all N without a counter, or a quorum of nodes
-    none of which was ever synced, none seen restarting (``resync``).       [I2, I1]
+    none of which was ever synced, none seen restarting (``resync``); it
+    takes the synced nodes' base, and nodes that start a cluster together end
+    with the largest base any resync gave them (a base only rises:
+    ``mark_synced.lua``), so a new name's first grant needs no round 2. [I2, I1]
 R19 A resynced node is quarantined for ``max_ttl``: it grants nothing until
     every lease it may have forgotten expired (``mark_synced.lua``): for the
     largest ``max_ttl`` any gateway has recorded on the nodes (each records

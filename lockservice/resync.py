@@ -287,8 +287,12 @@ class Resyncer:
         return True
 
     async def _join(self, node: Node, run_id: str | None, others: list[tuple[Node, Reply]]) -> None:
-        """A node of a cluster that never granted: synced with a new base, no quarantine."""
-        await self._finish(node, run_id, _new_base(others), 0)
+        """A node of a cluster that never granted: synced, no quarantine, with the base of
+        the synced nodes (nothing was granted since they took it; a base of its own from
+        a later clock would start every new name's counter above theirs here, and each
+        such name's first grant would need a round 2), else a new one."""
+        bases = [_base(m) for n, m in others if _synced(n, m)]
+        await self._finish(node, run_id, max(bases) if bases else _new_base(others), 0)
         log.info("redis node %s joins a new cluster", node.label)
 
     async def _copy_from(self, sources: list[Node], target: Node) -> int:

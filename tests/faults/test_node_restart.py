@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 import redis
@@ -141,6 +142,74 @@ async def test_node_joining_a_new_cluster_is_not_quarantined(
     own_redis3[0].kill()  # A down: B and the new node C are the quorum
     lease = await mgr.acquire(NAME, ttl=1.0)
     await mgr.release(lease)
+
+
+def _base(node: RedisNode) -> int:
+    marker = reply_bulk(node.command("GET", SYNCED_KEY))
+    assert marker is not None, f"{node.url} not synced"
+    return int(marker.split(b" ")[0])
+
+
+def _fcalls(nodes: list[RedisNode]) -> int:
+    """FCALLs the nodes ran so far (every lock script of a Redis 7 node is one)."""
+    total = 0
+    for node in nodes:
+        stats = node.command("INFO", "commandstats").decode()
+        line = next((x for x in stats.splitlines() if x.startswith("cmdstat_fcall:")), "")
+        total += int(line.split("calls=")[1].split(",")[0]) if line else 0
+    return total
+
+
+@pytest.fixture
+def later_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each base a resync takes from the clock is 1 ms later than the one before."""
+    ticks = iter(range(1_000_000))
+    real = resync.wall_clock_base()
+    monkeypatch.setattr(resync, "wall_clock_base", lambda: real + 1000 * next(ticks))
+
+
+async def test_nodes_that_start_a_cluster_together_end_with_one_base(
+    own_redis3: list[RedisNode],
+    connect: Connect,
+    later_clock: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each node's resync starts the new cluster with a base of its own clock reading
+    (their markers read before any was written: a slow link); a node marked synced by
+    one keeps the largest (mark_synced.lua), so a new name's counters agree on every
+    node: its acquire and release are one script a node, no round 2 nor R16's raise."""
+    finish = resync.Resyncer._finish
+
+    async def slow_finish(self: resync.Resyncer, *args: Any) -> None:
+        await asyncio.sleep(0.1)
+        await finish(self, *args)
+
+    monkeypatch.setattr(resync.Resyncer, "_finish", slow_finish)
+    mgr = await connect(own_redis3)
+    await wait_until(
+        lambda: all(reply_bulk(n.command("GET", SYNCED_KEY)) for n in own_redis3), 3.0, "synced"
+    )
+    assert len({_base(n) for n in own_redis3}) == 1, [_base(n) for n in own_redis3]
+    for i in range(3):
+        before = _fcalls(own_redis3)
+        lease = await mgr.acquire(f"new/name/{i}", ttl=1.0)
+        await mgr.release(lease)
+        await asyncio.sleep(0.05)  # a late grant's raise (R16) would be sent by now
+        assert _fcalls(own_redis3) - before == 6
+
+
+async def test_node_joining_a_new_cluster_takes_its_base(
+    own_redis3: list[RedisNode], connect: Connect, later_clock: None
+) -> None:
+    """A node that joins a cluster that never granted takes the synced nodes' base, not
+    a later clock's: a base above theirs would give every new name's first grant
+    different tokens, and a round 2."""
+    a, b, c = own_redis3
+    c.kill()
+    await connect(own_redis3)  # A and B start a new cluster; no lock taken yet
+    c.start()
+    await wait_until(lambda: reply_bulk(c.command("GET", SYNCED_KEY)) is not None, 3.0, "synced")
+    assert _base(c) == _base(a) == _base(b)
 
 
 async def test_restarted_node_does_not_grant_a_lease_it_forgot(

@@ -188,14 +188,19 @@ def test_mark_synced_sets_base_upwards_and_quarantines(r: redis.Redis) -> None:
     assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE - 1, 2_000, new_run]) == 1
     assert r.get(SYNCED) == f"{BASE} {new_run}".encode()
     assert 1_000 < r.pttl(QUAR) <= 2_000
-    # another process already synced it in this run: nothing changes, no new quarantine
+    # another process already synced it in this run: no new quarantine, and only a
+    # larger base is taken (resyncs that start a cluster together end with one base)
     r.delete(QUAR)
-    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 5, 9_000, new_run]) == 0
+    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE - 7, 9_000, new_run]) == 0
     assert r.get(SYNCED) == f"{BASE} {new_run}".encode()
+    assert run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 5, 9_000, new_run]) == 0
+    assert r.get(SYNCED) == f"{BASE + 5} {new_run}".encode()
     assert r.get(QUAR) is None
     later_run = "m" * 40  # the server restarted: a new run is synced, base only upwards
     run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 9, 0, later_run])
     assert r.get(SYNCED) == f"{BASE + 9} {later_run}".encode()
+    run(r, scripts.MARK_SYNCED, [SYNCED, QUAR], [BASE + 2, 0, "l" * 40])
+    assert r.get(SYNCED) == f"{BASE + 9} {'l' * 40}".encode()
 
 
 def test_recopied_clears_the_flag_and_raises_the_base_only_upwards(r: redis.Redis) -> None:

@@ -467,6 +467,16 @@ class Model(Repeats):
                     done.add(node)
                     yield ("resync", n, seen), s._replace(nodes=put(s.nodes, n, node))
 
+    def _rebases(self, s: State) -> Iterator[tuple[Label, State]]:
+        """A synced node's base rises while it serves (mark_synced.lua: resyncs that start
+        a cluster together, R18): to one above every token and counter, the most a later
+        wall clock could give."""
+        top = 1 + max((*s.leases, *(x.fence for x in s.nodes), *(x.base for x in s.nodes), 0))
+        for n, node in enumerate(s.nodes):
+            if node.synced and node.base < top:
+                nodes = put(s.nodes, n, node._replace(base=top))
+                yield ("REBASE", n), s._replace(nodes=nodes, faults=s.faults + 1)
+
     def _recopies(self, s: State, n: int) -> Iterator[tuple[Label, State]]:
         """R21: once its quarantine is over, node ``n`` copies the counters again before
         it grants: a try in flight during the first copy may have made a lease since.
@@ -571,6 +581,8 @@ class Model(Repeats):
         if self._may(s, "crash") and s.crashes < b.crashes:
             for n in range(self.n):
                 yield ("CRASH", n), self._crash(s, n)
+        if self._may(s, "rebase"):
+            yield from self._rebases(s)
 
     # invariants
     def violation(self, s: State) -> str | None:

@@ -12,6 +12,7 @@ without a violation there. The slower teeth run with FENCEGATE_MODEL_DEEP=1
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -364,6 +365,54 @@ def test_a_second_copy_after_a_second_restart_takes_the_fallback() -> None:
     assert lock is not None, state.nodes[0]
     assert lock[1] > 1, state.nodes[0]
     assert model.violation(state) is None, model.violation(state)
+
+
+# mark_synced.lua raises the base of a node that already serves (resyncs that start a
+# cluster together, R18), so that a new name's counters start equal on every node. A
+# base above every token at any moment, on any synced node: with a restart and its
+# resync, and after R18's fallback (TWICE, where the base is what keeps token 1 from
+# being issued again), explored completely. A base that fell instead would reissue it.
+REBASE = Bounds(max_time=0, faults=2, kinds=CRASH | {"rebase"}, reorders=0, tries=1)
+REBASE_TWICE = TWICE._replace(faults=3, kinds=TWICE.kinds | {"rebase"})
+
+
+def _after_the_fallback(model: Model) -> State:
+    state = model.initial()
+    for want in (*TWICE_STEPS, ("recopy", 0)):
+        nxt = _step(model, state, want)
+        assert nxt is not None, want
+        state = nxt
+    assert state.nodes[0].base > 1, state.nodes[0]  # the wall-clock base of the fallback
+    return state
+
+
+def test_a_base_that_rises_while_the_node_serves_breaks_no_invariant() -> None:
+    result = explore(Model(REBASE), seconds=SAFETY_VALVE)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, result.summary()
+    assert result.states > 50_000
+    model = Model(REBASE_TWICE)
+    result = explore(model, start=_after_the_fallback(model), seconds=SAFETY_VALVE)
+    print(result.summary())
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.complete, result.summary()
+    assert any(label[0] == "REBASE" for label, _ in model.successors(_after_the_fallback(model)))
+
+
+def test_a_base_that_fell_would_issue_a_token_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    def lowered(self: Model, s: State) -> Iterator[tuple[tuple[object, ...], State]]:
+        for n, node in enumerate(s.nodes):
+            if node.synced and node.base > 0:
+                nodes = (*s.nodes[:n], node._replace(base=0), *s.nodes[n + 1 :])
+                yield ("LOWER", n), s._replace(nodes=nodes, faults=s.faults + 1)
+
+    monkeypatch.setattr(Model, "_rebases", lowered)
+    model = Model(REBASE_TWICE)
+    result = explore(model, start=_after_the_fallback(model), seconds=SAFETY_VALVE)
+    print("\n".join(result.trace))
+    assert result.violation is not None, result.summary()
+    assert result.violation.startswith("I2:"), result.violation
 
 
 @pytest.mark.skipif(not DEEP, reason="slow; set FENCEGATE_MODEL_DEEP=1")
