@@ -2,6 +2,16 @@
 
 The pool, fencegate's own tables, the mark SQL, and the one place where
 asyncpg and OS errors become ``StorageError`` s.
+
+The pool is ``pg_pool.PgPool``, not asyncpg's: on the fenced PUT, asyncpg's
+pool cost a task per release (``asyncio.shield``) and a timeout per acquire,
+more than the statement itself; ours hands out and takes back an idle
+connection with no task, timer or future, and no reset round trip (the
+stores set no session state and use no LISTEN, cursors or session-level
+advisory locks, only transaction-scoped ones: nothing to undo). A
+connection whose block failed is kept only after an error the server
+answered on a live session (``_reusable_after``), open and outside a
+transaction; any other is terminated and replaced when next needed.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from typing import Any, Final
 
 import asyncpg
 
+from storage_adapters import pg_pool
 from storage_adapters.base import DEFAULT_CONTENT_TYPE, NO_HOOKS, FencedStore, Record, StoreHooks
 from storage_adapters.errors import (
     BadValue,
@@ -25,6 +36,7 @@ from storage_adapters.errors import (
     StoreNotStarted,
     UnfencedRefused,
 )
+from storage_adapters.pg_pool import PgPool
 
 __all__ = [
     "RECONNECT_LOG",
@@ -56,11 +68,11 @@ _BAD_VALUE_CLASSES: Final = frozenset({"22", "23"})
 
 
 class _ReconnectLog(logging.Filter):
-    """One line per change of reason instead of asyncpg's traceback per reconnect attempt.
+    """One line per change of reason instead of a traceback per reconnect attempt.
 
-    While PostgreSQL is down, asyncpg's pool logs "Failed to restore the pool
-    connection floor; retrying" at WARNING with a full traceback on every
-    attempt, burying real errors. This filter on the ``asyncpg.pool`` logger
+    While PostgreSQL is down, the pool (``pg_pool``, as asyncpg's did) logs
+    "Failed to restore the pool connection floor; retrying" at WARNING with a full
+    traceback on every attempt, burying real errors. This filter on the pool's logger
     keeps the first attempt of each reason as one line without the traceback
     and drops the repeats; ``recovered`` (a store reached the server again)
     logs that once and re-arms it.
@@ -92,7 +104,7 @@ class _ReconnectLog(logging.Filter):
 
 
 RECONNECT_LOG: Final = _ReconnectLog()
-logging.getLogger("asyncpg.pool").addFilter(RECONNECT_LOG)
+logging.getLogger(pg_pool.__name__).addFilter(RECONNECT_LOG)
 
 
 def quote_ident(name: str) -> str:
@@ -259,7 +271,7 @@ def pg_errors(store: str, *, values: bool = True) -> Iterator[None]:
 
 
 class PgStoreBase(FencedStore):
-    """A fenced store over one asyncpg pool; subclasses create their tables in ``_prepare``."""
+    """A fenced store over one ``PgPool``; subclasses create their tables in ``_prepare``."""
 
     def __init__(
         self,
@@ -298,27 +310,34 @@ class PgStoreBase(FencedStore):
             **(server_settings or {}),
             "default_transaction_isolation": "read committed",
         }
-        self._pool: Any = None
+        self._pool: PgPool | None = None
         self._start_lock = asyncio.Lock()
 
     async def start(self) -> None:
         async with self._start_lock:
             if self._pool is not None:
                 return
-            with pg_errors(self.name):
-                pool = await asyncpg.create_pool(
-                    self._dsn,
-                    min_size=self._pool_min,
-                    max_size=self._pool_max,
-                    timeout=self._connect_timeout,
-                    command_timeout=self._command_timeout,
-                    server_settings=self._server_settings,
-                    reset=_keep_session,
-                )
+            pool = PgPool(
+                self._dsn,
+                min_size=self._pool_min,
+                max_size=self._pool_max,
+                acquire_timeout=self._acquire_timeout,
+                connect_timeout=self._connect_timeout,
+                command_timeout=self._command_timeout,
+                server_settings=self._server_settings,
+                reusable_after=_reusable_after,
+            )
             try:
+                with pg_errors(self.name):
+                    await pool.start()
                 with pg_errors(self.name, values=False):
-                    async with pool.acquire(timeout=self._acquire_timeout) as conn:
+                    conn = await pool.acquire()
+                    try:
                         await self._prepare(conn)
+                    except BaseException as exc:
+                        pool.release(conn, exc)
+                        raise
+                    pool.release(conn)
             except BaseException:
                 await asyncio.shield(pool.close())
                 raise
@@ -327,13 +346,8 @@ class PgStoreBase(FencedStore):
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        try:
-            await asyncio.wait_for(pool.close(), timeout=10.0)
-        except TimeoutError:
+        if pool is not None and not await pool.close(grace=10.0):
             log.warning("store %r: pool did not close in 10 s; terminating", self.name)
-            pool.terminate()
 
     async def ping(self) -> None:
         async with self._conn() as conn:
@@ -347,21 +361,21 @@ class PgStoreBase(FencedStore):
     async def _conn(self) -> AsyncIterator[Any]:
         """A pooled connection, with errors from inside the block translated.
 
-        asyncpg replaces a connection that the server closed (restart,
-        ``pg_terminate_backend``) when it goes back to the pool, so the pool
-        recovers by itself; the call that met the dead connection fails with
-        ``StorageUnavailable``.
+        A connection whose block failed other than by an error the server answered
+        (a dead connection after a restart or ``pg_terminate_backend``, a protocol out
+        of step as in ``_not_sent``, a timeout, a cancellation) is terminated by the
+        pool and replaced when next needed, so the pool recovers by itself; the call
+        that met the dead connection fails with ``StorageUnavailable``.
         """
         pool = self._require_started()
         with pg_errors(self.name):
-            async with pool.acquire(timeout=self._acquire_timeout) as conn:
-                try:
-                    yield conn
-                except asyncpg.exceptions.InternalClientError:
-                    # Its protocol is out of step with the server (see _not_sent): never
-                    # hand it out again; the pool opens a new one in its place.
-                    conn.terminate()
-                    raise
+            conn = await pool.acquire()
+            try:
+                yield conn
+            except BaseException as exc:
+                pool.release(conn, exc)
+                raise
+            pool.release(conn)
         if RECONNECT_LOG.reason is not None:  # the block ran: the server answers again
             RECONNECT_LOG.recovered(self.name)
 
@@ -406,7 +420,7 @@ class PgStoreBase(FencedStore):
                 raise
         return await super().delete(scope, key, token)
 
-    def _require_started(self) -> Any:
+    def _require_started(self) -> PgPool:
         if self._pool is None:
             raise StoreNotStarted(self.name)
         return self._pool
@@ -425,18 +439,25 @@ class PgStoreBase(FencedStore):
             raise await self._stale(conn, scope, token)
 
 
+def _reusable_after(exc: BaseException) -> bool:
+    """A connection whose block raised ``exc`` may serve again (if open and not in a transaction).
+
+    Yes after an error the server answered on a live session (a constraint, a stale
+    token found by the statement) or one of ours raised after an answer; no after a
+    connection error or the server ending the session (class 08, 57P0x: shutdown).
+    """
+    if isinstance(exc, StorageError):
+        return True
+    return (
+        isinstance(exc, asyncpg.PostgresError)
+        and not isinstance(exc, asyncpg.PostgresConnectionError)
+        and not str(getattr(exc, "sqlstate", "") or "").startswith("57P")
+    )
+
+
 def _not_sent(exc: StorageUnavailable) -> bool:
     """The call failed on a connection whose protocol could not start its next statement."""
     cause = exc.__cause__
     return isinstance(cause, asyncpg.exceptions.InternalClientError) and str(cause).startswith(
         "cannot switch to state"
     )
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset: nothing to undo (asyncpg still rolls back an open transaction).
-
-    The stores set no session state and use no LISTEN, cursors or session-level
-    advisory locks (only transaction-scoped ones), so the default reset (advisory
-    unlock, CLOSE ALL, UNLISTEN, RESET ALL) would only cost a round trip per write.
-    """

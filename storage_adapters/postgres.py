@@ -53,7 +53,7 @@ class PostgresStore(PgStoreBase):
         name: the store name (``[stores.<name>]``), also the ``store`` column.
         dsn: a libpq connection string or URL.
         schema: where ``fencegate_fence`` and ``fencegate_kv`` live (created if missing).
-        pool_min, pool_max: asyncpg pool bounds.
+        pool_min, pool_max: connection pool bounds (``pg_pool.PgPool``).
         hooks: metrics hooks.
         acquire_timeout: seconds to wait for a pooled connection.
         command_timeout: seconds one statement may run; None for no limit.

@@ -96,18 +96,18 @@ async def test_strict_start_refuses_to_start_while_the_server_is_down(
         await runner.cleanup()
 
 
-def test_asyncpg_reconnect_tracebacks_become_one_line_per_reason(
+def test_pool_reconnect_tracebacks_become_one_line_per_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pool_log = logging.getLogger("asyncpg.pool")  # the logger asyncpg's pool writes to
+    pool_log = logging.getLogger("storage_adapters.pg_pool")  # the logger the pool writes to
     caplog.set_level(logging.WARNING)
     RECONNECT_LOG.reason = None
     for errno_, text in [(111, "refused")] * 4 + [(113, "no route")] * 3:
         try:
             raise ConnectionRefusedError(errno_, text)
-        except OSError:  # what asyncpg's _maintain_min_size does on each failed attempt
+        except OSError:  # what PgPool._restore_floor does on each failed attempt
             pool_log.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
-    lines = [r for r in caplog.records if r.name == "asyncpg.pool"]
+    lines = [r for r in caplog.records if r.name == "storage_adapters.pg_pool"]
     assert len(lines) == 2
     assert all(r.exc_info is None and r.exc_text is None for r in lines)
     assert "refused" in lines[0].getMessage()
