@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from time import perf_counter
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -62,29 +62,49 @@ OPEN_PATHS: Final = frozenset({"/v1/openapi.json"})
 UNMATCHED: Final = "unmatched"
 """The metrics label (and the route name) of a request that no route matches."""
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
-_LOCK_ROUTES: Final = frozenset({
-    "lock_acquire", "lock_renew", "lock_release", "lock_status",
-    "semaphore_acquire", "semaphore_renew", "semaphore_release", "semaphore_status",
-})  # fmt: skip
+_ROUTE_OPTIONS: Final = frozenset({"name", "allow_head"})
+_VERBS: Final = {
+    **dict.fromkeys(("lock_acquire", "lock_renew", "lock_release", "lock_status"), "lock"),
+    **dict.fromkeys(
+        ("semaphore_acquire", "semaphore_renew", "semaphore_release", "semaphore_status"), "lock"
+    ),
+    "store_get": "read",
+    "store_put": "write",
+    "store_delete": "write",
+}
+"""What a key needs for each route (``[[auth.keys]]`` verbs); the others need a valid key."""
 _ACQUIRES: Final = frozenset({"lock_acquire", "semaphore_acquire"})
 _WRITES: Final = frozenset({"store_put", "store_delete", *_ACQUIRES})
 
 
 def add_guarded(app: web.Application, defs: Iterable[web.AbstractRouteDef]) -> None:
-    """Add each route of ``defs`` to ``app`` with its handler in the guard."""
+    """Add each route of ``defs`` to ``app`` with its handler in the guard.
+
+    The routes of one path share one resource, added where the path first comes in
+    ``defs``: aiohttp tries the resources under a path's prefix one at a time, each
+    with a regex match, so with a resource per route a lock's DELETE would match
+    (and pass over) its POST's before its own. The order of the paths still decides
+    which one a request path takes when two match (a lock's renew route first).
+    """
+    resources: dict[str, web.Resource] = {}
     for d in defs:
         if not isinstance(d, web.RouteDef):
             raise TypeError(f"only handler routes can be guarded, not {d!r}")
+        if not _ROUTE_OPTIONS.issuperset(d.kwargs):
+            raise TypeError(f"{d!r}: a guarded route takes only {sorted(_ROUTE_OPTIONS)}")
+        resource = resources.get(d.path)
+        if resource is None:
+            resource = resources[d.path] = app.router.add_resource(d.path)
         name = str(d.kwargs.get("name") or "")
-        guarded, info = _guard(app, name, d.path, d.handler)
-        [route] = web.RouteDef(d.method, d.path, guarded, d.kwargs).register(app.router)
-        assert route.resource is not None
-        info.label = route.resource.canonical
+        guarded = _guard(app, name, resource.canonical, d.path, d.handler)
+        if d.method == hdrs.METH_GET and d.kwargs.get("allow_head", True):
+            resource.add_route(hdrs.METH_HEAD, guarded)  # as aiohttp's add_get
+        resource.add_route(d.method, guarded)
 
 
 def add_unmatched(app: web.Application) -> None:
     """The last route: every method on every path that no other route takes."""
-    guarded, _ = _guard(app, UNMATCHED, "", _unmatched)
+    guarded = _guard(app, UNMATCHED, UNMATCHED, "", _unmatched)
     resource = _Anything("/", name=UNMATCHED)
     app.router.register_resource(resource)
     resource.add_route("*", guarded)
@@ -113,20 +133,12 @@ async def _unmatched(request: web.Request) -> web.StreamResponse:
     raise RouteNotFound("no route for this path; see GET /v1/openapi.json")
 
 
-class _Info:
-    __slots__ = ("label",)
-
-    def __init__(self) -> None:
-        self.label = UNMATCHED
-
-
-def _guard(app: web.Application, name: str, path: str, handler: Handler) -> tuple[Handler, _Info]:
-    """``handler`` in the guard, and where its metrics label goes once the route is added."""
+def _guard(app: web.Application, name: str, label: str, path: str, handler: Handler) -> Handler:
+    """``handler`` in the guard: route ``name``, metrics ``label``, ``path`` as added."""
     config = app[CONFIG]
     state = app[STATE]
     timeout, keys, body_limit = config.request_timeout, config.auth_keys, config.max_body_bytes
-    info = _Info()
-    write, acquire = name in _WRITES, name in _ACQUIRES
+    write, acquire, verb = name in _WRITES, name in _ACQUIRES, _VERBS.get(name)
     # the catch-all's path is only known per request
     keyed = bool(keys) and (not path or (path.startswith("/v1/") and path not in OPEN_PATHS))
     acquires = state.acquires
@@ -143,7 +155,7 @@ def _guard(app: web.Application, name: str, path: str, handler: Handler) -> tupl
             try:
                 try:
                     if keyed and (path or _keyed_path(request.path)):
-                        _authenticate_request(request, keys)
+                        _authenticate_request(request, keys, verb)
                     if not write:
                         response = await handler(request)
                     elif state.draining:
@@ -167,12 +179,12 @@ def _guard(app: web.Application, name: str, path: str, handler: Handler) -> tupl
             except asyncio.CancelledError as exc:
                 if not cut_off:
                     raise
-                response = _cut_off(request, info.label, cut.reason, exc, timeout)
+                response = _cut_off(request, label, cut.reason, exc, timeout)
             except Exception as exc:
                 if cut.reason == Cut.DEADLINE:
-                    response = _cut_off(request, info.label, cut.reason, exc, timeout)
+                    response = _cut_off(request, label, cut.reason, exc, timeout)
                 else:
-                    response = _render(request, info.label, state, exc)
+                    response = _render(request, label, state, exc)
             status = response.status
             return response
         except web.HTTPException as exc:
@@ -184,11 +196,11 @@ def _guard(app: web.Application, name: str, path: str, handler: Handler) -> tupl
         finally:
             method = request.method
             app[METRICS].request_done(
-                info.label, method if method in _METHODS else "other", status,
+                label, method if method in _METHODS else "other", status,
                 perf_counter() - started,
             )  # fmt: skip
 
-    return guarded, info
+    return guarded
 
 
 def _keyed_path(path: str) -> bool:
@@ -300,17 +312,14 @@ def authenticate(header: str | None, keys: tuple[ApiKey, ...]) -> ApiKey:
     return found
 
 
-def _authorize(key: ApiKey, request: web.Request) -> None:
-    route = request.match_info.route.name or ""
-    info = request.match_info
-    if route in _LOCK_ROUTES:
-        verb, target, prefixes = "lock", info["name"], key.locks
-    elif route == "store_get":
-        verb, target, prefixes = "read", f"{info['store']}/{info['key']}", key.stores
-    elif route in ("store_put", "store_delete"):
-        verb, target, prefixes = "write", f"{info['store']}/{info['key']}", key.stores
-    else:
+def _authorize(key: ApiKey, request: web.Request, verb: str | None) -> None:
+    if verb is None:
         return  # /v1 routes on no lock or key (stats): any valid key; unmatched: 404/405
+    info = request.match_info
+    if verb == "lock":
+        target, prefixes = info["name"], key.locks
+    else:
+        target, prefixes = f"{info['store']}/{info['key']}", key.stores
     if verb not in key.verbs:
         allowed = ", ".join(sorted(key.verbs)) or "none"
         raise Forbidden(f"key {key.name!r} lacks the verb {verb!r} (its verbs: {allowed})")
@@ -324,8 +333,9 @@ def _authorize(key: ApiKey, request: web.Request) -> None:
         raise Forbidden(f"key {key.name!r} {what}")
 
 
-def _authenticate_request(request: web.Request, keys: tuple[ApiKey, ...]) -> None:
-    """Check the bearer key of a ``/v1`` request (but ``OPEN_PATHS``) before anything else."""
+def _authenticate_request(request: web.Request, keys: tuple[ApiKey, ...], verb: str | None) -> None:
+    """Check the bearer key of a ``/v1`` request (but ``OPEN_PATHS``) before anything else,
+    and that it may use ``verb`` (None: any valid key may) on the request's name or key."""
     key = authenticate(one_header(request, "Authorization"), keys)
-    _authorize(key, request)
+    _authorize(key, request, verb)
     request[API_KEY] = key  # scopes an Idempotency-Key to the key that sent it

@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.app import start_draining
-from gateway.guard import UNMATCHED
+from gateway.guard import UNMATCHED, add_guarded
 from tests.gateway.conftest import Client, Start, make_config
 
 
@@ -91,6 +91,31 @@ async def test_wrong_method_is_405_json(client: Client, method: str, path: str) 
     body = await response.json()
     assert body["error"] == "method_not_allowed"
     assert set(response.headers["Allow"].split(", ")) == set(body["allowed"])
+
+
+async def test_each_path_is_one_resource_with_its_renew_route_first(client: Client) -> None:
+    """The routes of one path share one resource (aiohttp tries them one at a time), and
+    a renew route is tried before its name's, which would take ``x/renew`` as a name."""
+    resources = [r for r in app_of(client).router.resources() if r.name != UNMATCHED]
+    paths = [r.canonical for r in resources]
+    assert len(paths) == len(set(paths))
+    for kind in ("locks", "semaphores"):
+        assert paths.index(f"/v1/{kind}/{{name}}/renew") < paths.index(f"/v1/{kind}/{{name}}")
+        [named] = [r for r in resources if r.canonical == f"/v1/{kind}/{{name}}"]
+        assert {route.method for route in named} == {"POST", "DELETE", "GET", "HEAD"}
+    [store] = [r for r in resources if r.canonical == "/v1/stores/{store}/{key}"]
+    assert {route.method for route in store} == {"PUT", "GET", "DELETE"}  # no HEAD
+    response = await client.put("/v1/locks/x/renew")
+    assert response.status == 405
+    assert set(response.headers["Allow"].split(", ")) == {"POST", "DELETE", "GET", "HEAD"}
+
+
+def test_a_guarded_route_takes_no_option_the_guard_would_drop() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    with pytest.raises(TypeError, match="takes only"):
+        add_guarded(web.Application(), [web.get("/x", handler, expect_handler=handler)])
 
 
 async def test_a_request_target_that_is_no_path_is_404_json(client: Client) -> None:
