@@ -18,7 +18,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import BadRequest
 
-__all__ = ["json_answer", "one_header"]
+__all__ = ["json_answer", "json_bytes", "one_header"]
 
 _JSON: Final = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json; charset=utf-8"}))
 _dumps: Final = json.dumps
@@ -34,6 +34,11 @@ def json_answer(
         both.update(_JSON)
         return web.Response(body=_dumps(data).encode(), status=status, headers=both)
     return web.Response(body=_dumps(data).encode(), status=status, headers=_JSON)
+
+
+def json_bytes(body: bytes) -> web.Response:
+    """200 with ``body``, JSON already encoded, and the header of every JSON answer."""
+    return web.Response(body=body, headers=_JSON)
 
 
 def one_header(request: web.Request, name: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
@@ -42,6 +43,27 @@ async def test_acquire_returns_token_lease_id_ttl_and_validity(client: Client) -
     assert grant["ttl_ms"] == 5000
     # ttl - elapsed - drift, as the gateway computed it: never more than ttl - drift
     assert 4000 < grant["valid_ms"] <= 5000 - drift_ms(5000)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/locks/a:b/c_d.e~f-9", {"ttl_ms": 5000}),
+        ("/v1/locks/read/me", {"mode": "shared"}),
+        ("/v1/semaphores/pool/1", {"permits": 3, "ttl_ms": 2500}),
+    ],
+)
+async def test_a_grant_is_the_bytes_json_dumps_writes(
+    client: Client, path: str, body: dict[str, Any]
+) -> None:
+    """The grant is written out by hand (gateway/lock_routes.py ``_grant_json``): it must
+    stay what ``json.dumps`` makes of the same object, and the header json_answer's."""
+    response = await client.post(path, json=body)
+    assert response.status == 200
+    raw = await response.read()
+    assert raw == json.dumps(json.loads(raw)).encode()
+    assert list(json.loads(raw))[:5] == ["name", "token", "lease_id", "ttl_ms", "valid_ms"]
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
 
 
 async def test_acquire_without_body_uses_defaults(client: Client) -> None:
