@@ -66,6 +66,29 @@ async def test_a_grant_is_the_bytes_json_dumps_writes(
     assert response.headers["Content-Type"] == "application/json; charset=utf-8"
 
 
+@pytest.mark.parametrize("size", [17, 70_000])
+async def test_a_body_that_comes_in_pieces_is_read_to_its_end(
+    start: Start, lock_urls: list[str], size: int
+) -> None:
+    """A body not all in when the route starts (chunked, its second piece late) is
+    waited for, and held to max_body_bytes as one that came at once."""
+    client = await start(make_config(lock_urls=lock_urls, max_body_bytes=65_536))
+    pad = b" " * (size - len(b'{"ttl_ms": 4321}'))
+
+    async def pieces() -> Any:
+        yield b'{"ttl_ms": '
+        await asyncio.sleep(0.05)
+        yield b"4321}" + pad
+
+    response = await client.post("/v1/locks/slow/body", data=pieces())
+    if size > 65_536:
+        assert response.status == 413
+        assert (await response.json())["error"] == "too_large"
+    else:
+        assert response.status == 200, await response.text()
+        assert (await response.json())["ttl_ms"] == 4321
+
+
 async def test_acquire_without_body_uses_defaults(client: Client) -> None:
     response = await client.post("/v1/locks/plain")
     assert response.status == 200
