@@ -46,14 +46,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 
+from gateway.metric_series import PENDING_LIMIT, FoldFirst, Series, Sink, WriteThrough, fold_all
 from lockservice.node import parse_node_url
 from lockservice.protocol import NodeState
 
@@ -77,6 +77,8 @@ __all__ = [
     "node_groups",
 ]
 
+K = TypeVar("K")
+V = TypeVar("V")
 NAMESPACE: Final = "fencegate"
 MULTIPROCESS: Final = bool(getattr(values.ValueClass, "_multiprocess", False))
 """prometheus-client keeps values in ``PROMETHEUS_MULTIPROC_DIR`` (a worker of several)."""
@@ -146,75 +148,16 @@ def _plain(value: Any) -> bool:
     return type(value) is values.MutexValue
 
 
-class _Updates:
-    """What one hook changes, under one lock: counters +1, histograms observe ``amount``.
-
-    The same counts as prometheus-client's ``inc(1)`` and ``observe(amount)``: each
-    counter's value, and each histogram's sum and the first bucket whose bound is >=
-    the amount (found by bisection, not a scan of every bound). Durations only: never
-    NaN. One lock (the ``Metrics``'), taken once for every value of the hook, instead
-    of a lock and a call per value (a lock cycle made 27 such calls); the hooks all
-    add through ``_Updates``, so no two additions interleave, and the scrape only
-    reads. With values kept elsewhere (multiprocess mode) it calls each value's own
-    ``inc``, which writes its file.
-    """
-
-    __slots__ = ("_counts", "_hists", "_lock", "update")
-
-    def __init__(
-        self, lock: threading.Lock, counters: Sequence[Any] = (), histograms: Sequence[Any] = ()
-    ) -> None:
-        self._lock = lock
-        counts = tuple(getattr(c, "_value", None) for c in counters)
-        hists = tuple(
-            (
-                tuple(getattr(h, "_upper_bounds", ())),
-                tuple(getattr(h, "_buckets", ())),
-                getattr(h, "_sum", None),
-            )
-            for h in histograms
-        )
-        fast = all(_plain(v) for v in counts) and all(
-            bounds and len(bounds) == len(buckets) and _plain(total) and all(map(_plain, buckets))
-            for bounds, buckets, total in hists
-        )
-        if not fast:  # each value's own inc (a file write in multiprocess mode)
-            incs = tuple(
-                c.inc if v is None else v.inc for c, v in zip(counters, counts, strict=True)
-            )
-            parts = tuple(
-                (bounds, tuple(b.inc for b in buckets), total.inc)
-                for bounds, buckets, total in hists
-                if bounds and len(bounds) == len(buckets) and total is not None
-            )
-            observes = tuple(
-                h.observe
-                for h, (bounds, buckets, total) in zip(histograms, hists, strict=True)
-                if not (bounds and len(bounds) == len(buckets) and total is not None)
-            )
-
-            def update(amount: float) -> None:
-                for inc in incs:
-                    inc(1.0)
-                for bounds, bucket_incs, total_inc in parts:
-                    total_inc(amount)
-                    bucket_incs[bisect_left(bounds, amount)](1.0)
-                for observe in observes:
-                    observe(amount)
-
-            self.update: Callable[[float], None] = update
-            return
-        self._counts: tuple[Any, ...] = counts
-        self._hists: tuple[tuple[tuple[float, ...], tuple[Any, ...], Any], ...] = hists
-        self.update = self._update
-
-    def _update(self, amount: float) -> None:
-        with self._lock:
-            for value in self._counts:
-                value._value += 1.0
-            for bounds, buckets, total in self._hists:
-                total._value += amount
-                buckets[bisect_left(bounds, amount)]._value += 1.0
+def _in_process(counters: Sequence[Any], histogram: Any | None) -> bool:
+    """Whether every value of a series is a plain float here (then it may wait for a fold)."""
+    found = [getattr(c, "_value", None) for c in counters]
+    if histogram is not None:
+        bounds = getattr(histogram, "_upper_bounds", ())
+        buckets = getattr(histogram, "_buckets", ())
+        if not bounds or len(bounds) != len(buckets):
+            return False
+        found += [getattr(histogram, "_sum", None), *buckets]
+    return all(_plain(v) for v in found)
 
 
 class LeaseTracker:
@@ -288,18 +231,20 @@ class Metrics:
     _groups_of: dict[str, str] = field(default_factory=dict)
     _group_nodes: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
     _states: dict[str, str] = field(default_factory=dict)
-    # What each hook updates, by its labels: .labels() and the checks of inc() and
-    # observe() cost more than the update itself, and some hooks run several times a
-    # request (node_call: once per Redis node and command).
-    _acquires: dict[tuple[str, str], Callable[[float], None]] = field(default_factory=dict)
-    _nodes: dict[str, tuple[Callable[[float], None], Callable[[float], None]]] = field(
-        default_factory=dict
-    )
-    _releases: dict[str, Callable[[float], None]] = field(default_factory=dict)
-    _writes: dict[tuple[str, bool], Callable[[float], None]] = field(default_factory=dict)
-    _requests: dict[tuple[str, str, int], Callable[[float], None]] = field(default_factory=dict)
-    _hold: list[Callable[[float], None]] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)  # every _Updates' lock
+    # The sinks of each hook, by its labels (``gateway/metric_series.py``): .labels() and
+    # the checks of inc() and observe() cost more than the update itself, and some hooks
+    # run several times a request (node_call: once per Redis node and command).
+    _acquires: dict[tuple[str, str], tuple[Sink, Sink]] = field(default_factory=dict)
+    _node_latency: dict[str, Sink] = field(default_factory=dict)
+    _node_errors: dict[str, Sink] = field(default_factory=dict)
+    _releases: dict[str, Sink] = field(default_factory=dict)
+    _writes: dict[tuple[str, bool], tuple[Sink, Sink]] = field(default_factory=dict)
+    _requests: dict[tuple[str, str, int], tuple[Sink, Sink]] = field(default_factory=dict)
+    _hold: dict[None, Sink] = field(default_factory=dict)
+    # every series (its children, as a key) and those with pending amounts, to fold
+    _sinks: dict[tuple[Any, ...], Sink] = field(default_factory=dict)
+    _series: list[Series] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # creates and folds series
 
     @classmethod
     def for_config(cls, registry: CollectorRegistry, config: Config) -> Metrics:
@@ -326,7 +271,8 @@ class Metrics:
             groups: Redlock group id -> its node labels (``node_groups``): the
                 per-group series (none without groups).
         """
-        r: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
+        # registered at the end, all in one FoldFirst, in this order
+        r: dict[str, Any] = {"namespace": NAMESPACE, "registry": None}
         leases = LeaseTracker()
         held = Gauge(
             "leases_held",
@@ -462,6 +408,12 @@ class Metrics:
             ),
             leases=leases,
         )
+        exported: list[Counter | Gauge | Histogram] = [held]
+        for one in fields(metrics):
+            metric = getattr(metrics, one.name)
+            if isinstance(metric, Counter | Gauge | Histogram) and metric is not held:
+                exported.append(metric)
+        registry.register(FoldFirst(exported, metrics.fold))
         metrics._start_at_zero(stores, nodes)
         metrics._add_groups(groups or {})
         return metrics
@@ -512,31 +464,70 @@ class Metrics:
         if MULTIPROCESS:
             self.leases_held.set(self.leases.held())
 
+    def fold(self) -> None:
+        """Add every pending amount to its values (a scrape does, first: ``FoldFirst``)."""
+        fold_all(self._lock, self._series)
+
+    def _sink(self, counters: Sequence[Any], histogram: Any | None = None) -> Sink:
+        """The sink of one series (children of our metrics); call under ``self._lock``.
+
+        One series per set of children: every amount of a histogram child goes
+        to one list, in order.
+        """
+        key = (histogram, *counters)
+        sink = self._sinks.get(key)
+        if sink is None:
+            if _in_process(counters, histogram):
+                series = Series(counters, histogram)
+                self._series.append(series)
+                sink = series.pending
+            else:
+                sink = WriteThrough(counters, histogram)
+            self._sinks[key] = sink
+        return sink
+
+    def _slow(self, table: dict[K, V], key: K, make: Callable[[], V]) -> V:
+        """A hook's first event with ``key`` (its sinks are made), or a full pending list."""
+        with self._lock:
+            found = table.get(key)
+            if found is None:
+                found = table[key] = make()
+            else:  # bounded: a gateway never scraped folds here
+                for series in self._series:
+                    series.fold()
+        return found
+
     # lockservice.LockEvents
     def acquire_done(self, result: str, wait_seconds: float, *, kind: str = "exclusive") -> None:
-        update = self._acquires.get((result, kind))
-        if update is None:
-            update = self._acquires[result, kind] = _Updates(
-                self._lock,
-                (
-                    self.lock_acquisitions.labels(result),
-                    self.kind_acquisitions.labels(kind, result),
+        sinks = self._acquires.get((result, kind))
+        if sinks is None or len(sinks[0]) >= PENDING_LIMIT:  # [0]: every kind's
+            sinks = self._slow(
+                self._acquires,
+                (result, kind),
+                lambda: (
+                    self._sink(
+                        (self.lock_acquisitions.labels(result),), self.acquire_wait.labels(result)
+                    ),
+                    self._sink(
+                        (self.kind_acquisitions.labels(kind, result),),
+                        self.kind_acquire_wait.labels(kind, result),
+                    ),
                 ),
-                (self.acquire_wait.labels(result), self.kind_acquire_wait.labels(kind, result)),
-            ).update
-        update(wait_seconds)
+            )
+        sinks[0].append(wait_seconds)
+        sinks[1].append(wait_seconds)
 
     def waiting(self, delta: int, *, kind: str = "exclusive") -> None:
         self.waiters.inc(delta)
 
     def released(self, hold_seconds: float, result: str) -> None:
         # hold_seconds is not known to the lock service for HTTP leases: see lease_ended.
-        inc = self._releases.get(result)
-        if inc is None:
-            inc = self._releases[result] = _Updates(
-                self._lock, (self.releases.labels(result),)
-            ).update
-        inc(1.0)
+        sink = self._releases.get(result)
+        if sink is None or len(sink) >= PENDING_LIMIT:
+            sink = self._slow(
+                self._releases, result, lambda: self._sink((self.releases.labels(result),))
+            )
+        sink.append(hold_seconds)
 
     def renewed(self, result: str) -> None:
         self.renewals.labels(result).inc()
@@ -545,18 +536,25 @@ class Metrics:
         self.leases_lost.labels(reason).inc()
 
     def node_call(self, node: str, seconds: float, ok: bool) -> None:
-        update = self._nodes.get(node)
-        if update is None:
-            update = self._nodes[node] = (
-                _Updates(self._lock, (), (self.node_latency.labels(node),)).update,
-                _Updates(self._lock, (self.node_errors.labels(node),)).update,
+        sink = self._node_latency.get(node)
+        if sink is None or len(sink) >= PENDING_LIMIT:
+            sink = self._slow(
+                self._node_latency, node, lambda: self._sink((), self.node_latency.labels(node))
             )
-        update[0](seconds)
+        sink.append(seconds)
         if not ok:
-            update[1](1.0)
-            group = self._groups_of.get(node)
-            if group is not None:
-                self.group_node_errors.labels(group).inc()  # rare: no cache
+            self._node_error(node, seconds)
+
+    def _node_error(self, node: str, seconds: float) -> None:
+        errors = self._node_errors.get(node)
+        if errors is None or len(errors) >= PENDING_LIMIT:
+            errors = self._slow(
+                self._node_errors, node, lambda: self._sink((self.node_errors.labels(node),))
+            )
+        errors.append(seconds)
+        group = self._groups_of.get(node)
+        if group is not None:
+            self.group_node_errors.labels(group).inc()  # rare: no cache
 
     def quorum_failed(self, operation: str) -> None:
         self.quorum_failures.labels(operation).inc()
@@ -574,14 +572,18 @@ class Metrics:
 
     # storage_adapters.StoreHooks
     def write_done(self, store: str, seconds: float, ok: bool) -> None:
-        update = self._writes.get((store, ok))
-        if update is None:
-            update = self._writes[store, ok] = _Updates(
-                self._lock,
-                (self.storage_writes.labels(store, "ok" if ok else "failed"),),
-                (self.storage_write_latency.labels(store),),
-            ).update
-        update(seconds)
+        sinks = self._writes.get((store, ok))
+        if sinks is None or len(sinks[1]) >= PENDING_LIMIT:  # [1]: both results'
+            sinks = self._slow(
+                self._writes,
+                (store, ok),
+                lambda: (
+                    self._sink((self.storage_writes.labels(store, "ok" if ok else "failed"),)),
+                    self._sink((), self.storage_write_latency.labels(store)),
+                ),
+            )
+        sinks[0].append(seconds)
+        sinks[1].append(seconds)
 
     def rejected(self, store: str, reason: str) -> None:
         self.fencing_rejections.labels(store, reason).inc()
@@ -596,20 +598,24 @@ class Metrics:
     def lease_ended(self, lease_id: str) -> None:
         held = self.leases.ended(lease_id)
         if held is not None:
-            if not self._hold:
-                self._hold.append(_Updates(self._lock, (), (self.hold_time,)).update)
-            self._hold[0](held)
+            sink = self._hold.get(None)
+            if sink is None or len(sink) >= PENDING_LIMIT:
+                sink = self._slow(self._hold, None, lambda: self._sink((), self.hold_time))
+            sink.append(held)
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
-        key = (route, method, status)
-        update = self._requests.get(key)
-        if update is None:  # one lookup a request for both children
-            update = self._requests[key] = _Updates(
-                self._lock,
-                (self.http_requests.labels(route, method, str(status)),),
-                (self.http_latency.labels(route, method),),
-            ).update
-        update(seconds)
+        sinks = self._requests.get((route, method, status))
+        if sinks is None or len(sinks[1]) >= PENDING_LIMIT:  # [1]: every status'
+            sinks = self._slow(
+                self._requests,
+                (route, method, status),
+                lambda: (
+                    self._sink((self.http_requests.labels(route, method, str(status)),)),
+                    self._sink((), self.http_latency.labels(route, method)),
+                ),
+            )
+        sinks[0].append(seconds)
+        sinks[1].append(seconds)
 
 
 def node_groups(config: Config) -> dict[str, tuple[str, ...]]:

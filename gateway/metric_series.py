@@ -1,0 +1,163 @@
+"""What the metrics hooks add, kept as amounts until a scrape (or a full buffer) adds them.
+
+A lock cycle calls the hooks of ``gateway/metrics.py`` about 14 times (each Redis
+node and command, each request, the acquire, the release, the hold time). Adding
+to prometheus-client's values there, under a lock each time, cost more than the
+rest of the hook: a hook now appends its amount to the pending list of each
+series it moves (a ``list.append``, atomic under the GIL, no lock), and
+``Series.fold`` adds a list's amounts to the values later, under the
+``Metrics``' lock: when a scrape collects (``FoldFirst`` folds every series
+before it reads a value) or when a list reaches ``PENDING_LIMIT`` amounts (the
+hook folds then, so that a gateway that is never scraped does not grow).
+
+A scrape sees what it did before: every counter, bucket and sum as if each
+event had been added when it happened. A counter adds the number of amounts;
+a histogram adds them to its sum one by one, in the order they came (the same
+float additions as ``observe``), and counts each bucket with the amounts sorted
+(an amount goes to the first bucket whose bound is >= it, as ``observe`` does;
+durations only, never NaN). Each series is one histogram child (and the
+counters that count exactly its events), so the amounts of one sum are in one
+list, in their order.
+
+Values kept elsewhere (prometheus-client's multiprocess mode: a file per worker,
+read by any worker's scrape) cannot wait for this process's scrape: their series
+write each amount through at once (``WriteThrough``).
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import reduce
+from operator import add
+from typing import Any, Final, Protocol
+
+from prometheus_client.metrics_core import Metric
+
+__all__ = ["PENDING_LIMIT", "FoldFirst", "Series", "Sink", "WriteThrough"]
+
+PENDING_LIMIT: Final = 1024
+"""Amounts a series keeps before the hook that would add one more folds them."""
+
+
+class Sink(Protocol):
+    """Where a hook puts an amount: a series' pending list, or a ``WriteThrough``."""
+
+    def append(self, amount: float, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+class Series:
+    """One histogram child and the counters that count its events, or counters alone.
+
+    ``pending`` holds the amounts not added yet; hooks append to it from any
+    thread. ``fold`` runs under the ``Metrics``' lock only (one folder at a time).
+    """
+
+    __slots__ = ("_buckets", "_counters", "_sum", "_upper_bounds", "pending")
+
+    def __init__(self, counters: Sequence[Any], histogram: Any | None = None) -> None:
+        """``counters`` and ``histogram`` are children (``.labels(...)``) with plain values."""
+        self.pending: list[float] = []
+        self._counters = tuple(c._value for c in counters)
+        self._upper_bounds: tuple[float, ...] = ()
+        self._buckets: tuple[Any, ...] = ()
+        self._sum: Any = None
+        if histogram is not None:
+            self._upper_bounds = tuple(histogram._upper_bounds)
+            self._buckets = tuple(histogram._buckets)
+            self._sum = histogram._sum
+
+    def fold(self) -> None:
+        """Add the pending amounts to the values; amounts appended meanwhile stay pending.
+
+        The slice and its deletion are each one operation under the GIL, and appends
+        only go to the end: an amount is folded exactly once.
+        """
+        pending = self.pending
+        n = len(pending)
+        if not n:
+            return
+        amounts = pending[:n]
+        del pending[:n]
+        for value in self._counters:
+            value._value += n  # n times += 1.0: exact below 2**53
+        if self._sum is None:
+            return
+        self._sum._value = reduce(add, amounts, self._sum._value)  # in their order
+        amounts.sort()
+        counted = 0
+        for bound, bucket in zip(self._upper_bounds, self._buckets, strict=True):
+            upto = bisect_right(amounts, bound, counted)  # amounts <= bound
+            if upto != counted:
+                bucket._value += upto - counted
+                counted = upto
+                if counted == n:
+                    return
+
+
+class WriteThrough:
+    """A series whose values are kept elsewhere: each amount goes to them at once.
+
+    Each value's own ``inc`` (a file write in multiprocess mode); never pending.
+    """
+
+    __slots__ = ("append",)
+
+    def __init__(self, counters: Sequence[Any], histogram: Any | None = None) -> None:
+        incs = tuple(c.inc for c in counters)
+        bounds = tuple(getattr(histogram, "_upper_bounds", ()))
+        buckets = tuple(getattr(histogram, "_buckets", ()))
+        total = getattr(histogram, "_sum", None)
+        if histogram is None:
+            observe: Callable[[float], None] | None = None
+        elif bounds and len(bounds) == len(buckets) and total is not None:
+            bucket_incs = tuple(b.inc for b in buckets)
+            total_inc = total.inc
+
+            def observe(amount: float) -> None:
+                total_inc(amount)
+                bucket_incs[bisect_left(bounds, amount)](1.0)
+        else:
+            observe = histogram.observe
+
+        def append(amount: float) -> None:
+            for inc in incs:
+                inc(1.0)
+            if observe is not None:
+                observe(amount)
+
+        self.append: Callable[[float], None] = append
+
+    def __len__(self) -> int:
+        return 0
+
+
+class FoldFirst:
+    """A collector of ``metrics`` that folds the pending amounts before it reads them.
+
+    Registered in place of the metrics themselves, so that every scrape of the
+    registry (also one restricted to some names, and ``get_sample_value``) folds.
+    """
+
+    def __init__(self, metrics: Sequence[Any], fold: Callable[[], None]) -> None:
+        self._metrics = tuple(metrics)
+        self._fold = fold
+
+    def describe(self) -> list[Metric]:
+        """The metrics' own descriptions: the registry learns every name from them."""
+        return [d for m in self._metrics for d in m.describe()]
+
+    def collect(self) -> Iterator[Metric]:
+        self._fold()
+        for metric in self._metrics:
+            yield from metric.collect()
+
+
+def fold_all(lock: threading.Lock, series: Iterable[Series]) -> None:
+    """Fold every series, under ``lock`` (the scrape and a hook may fold at once)."""
+    with lock:
+        for one in series:
+            one.fold()
