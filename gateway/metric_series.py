@@ -1,9 +1,9 @@
-"""What the metrics hooks add, kept as amounts until a scrape (or a full buffer) adds them.
+"""The hooks' side of the metrics: amounts pending until a scrape, and the leases held.
 
 A lock cycle calls the hooks of ``gateway/metrics.py`` about 14 times (each Redis
 node and command, each request, the acquire, the release, the hold time). Adding
 to prometheus-client's values there, under a lock each time, cost more than the
-rest of the hook: a hook now appends its amount to the pending list of each
+rest of the hook: a hook appends its amount to the pending list of each
 series it moves (a ``list.append``, atomic under the GIL, no lock), and
 ``Series.fold`` adds a list's amounts to the values later, under the
 ``Metrics``' lock: when a scrape collects (``FoldFirst`` folds every series
@@ -27,6 +27,7 @@ write each amount through at once (``WriteThrough``).
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import reduce
@@ -35,7 +36,7 @@ from typing import Any, Final, Protocol
 
 from prometheus_client.metrics_core import Metric
 
-__all__ = ["PENDING_LIMIT", "FoldFirst", "Series", "Sink", "WriteThrough"]
+__all__ = ["PENDING_LIMIT", "FoldFirst", "LeaseTracker", "Series", "Sink", "WriteThrough"]
 
 PENDING_LIMIT: Final = 1024
 """Amounts a series keeps before the hook that would add one more folds them."""
@@ -161,3 +162,52 @@ def fold_all(lock: threading.Lock, series: Iterable[Series]) -> None:
     with lock:
         for one in series:
             one.fold()
+
+
+class LeaseTracker:
+    """Leases granted through this replica: when, and until when (bounded, thread-safe).
+
+    Values are on ``time.monotonic()``; the gauge reads them from the scrape thread.
+    A grant, renewal and end (a lock cycle's hooks) take no lock: each is one dict
+    operation (atomic under the GIL), and a renewal changes its entry in place, so
+    that a lease that ended is never put back. ``held`` (the scrape) and the
+    eviction of the oldest lease beyond ``limit`` take the lock, so only one
+    removes at a time; ``held`` reads a copy (made at once) while grants go on.
+    """
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._limit = limit
+        self._leases: dict[str, list[float]] = {}  # lease_id -> [granted, until]: oldest first
+        self._lock = threading.Lock()
+
+    def granted(self, lease_id: str, ttl: float) -> None:
+        now = time.monotonic()
+        if len(self._leases) >= self._limit and lease_id not in self._leases:
+            self._make_room()  # first: a scrape never counts more than limit
+        self._leases[lease_id] = [now, now + ttl]
+
+    def _make_room(self) -> None:
+        """Forget the oldest grants, leaving room for one."""
+        with self._lock:
+            while len(self._leases) >= self._limit:
+                self._leases.pop(next(iter(self._leases)), None)
+
+    def renewed(self, lease_id: str, ttl: float) -> None:
+        entry = self._leases.get(lease_id)
+        if entry is not None:
+            entry[1] = time.monotonic() + ttl
+
+    def ended(self, lease_id: str) -> float | None:
+        """Forget the lease; return how long it was held, if it was granted here."""
+        entry = self._leases.pop(lease_id, None)
+        return None if entry is None else time.monotonic() - entry[0]
+
+    def held(self) -> int:
+        """Leases not expired by now; the expired ones are forgotten (their end has no
+        hold time)."""
+        now = time.monotonic()
+        with self._lock:
+            for lease_id, (_, until) in self._leases.copy().items():
+                if until <= now:
+                    self._leases.pop(lease_id, None)
+            return len(self._leases)

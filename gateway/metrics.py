@@ -45,15 +45,21 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 
-from gateway.metric_series import PENDING_LIMIT, FoldFirst, Series, Sink, WriteThrough, fold_all
+from gateway.metric_series import (
+    PENDING_LIMIT,
+    FoldFirst,
+    LeaseTracker,
+    Series,
+    Sink,
+    WriteThrough,
+    fold_all,
+)
 from lockservice.node import parse_node_url
 from lockservice.protocol import NodeState
 
@@ -158,44 +164,6 @@ def _in_process(counters: Sequence[Any], histogram: Any | None) -> bool:
             return False
         found += [getattr(histogram, "_sum", None), *buckets]
     return all(_plain(v) for v in found)
-
-
-class LeaseTracker:
-    """Leases granted through this replica: when, and until when (bounded, thread-safe).
-
-    Values are on ``time.monotonic()``; the gauge reads them from the scrape thread.
-    """
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self._limit = limit
-        self._leases: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def granted(self, lease_id: str, ttl: float) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._leases[lease_id] = (now, now + ttl)
-            while len(self._leases) > self._limit:
-                self._leases.popitem(last=False)
-
-    def renewed(self, lease_id: str, ttl: float) -> None:
-        with self._lock:
-            entry = self._leases.get(lease_id)
-            if entry is not None:
-                self._leases[lease_id] = (entry[0], time.monotonic() + ttl)
-
-    def ended(self, lease_id: str) -> float | None:
-        """Forget the lease; return how long it was held, if it was granted here."""
-        with self._lock:
-            entry = self._leases.pop(lease_id, None)
-        return None if entry is None else time.monotonic() - entry[0]
-
-    def held(self) -> int:
-        now = time.monotonic()
-        with self._lock:
-            for lease_id in [k for k, (_, until) in self._leases.items() if until <= now]:
-                del self._leases[lease_id]
-            return len(self._leases)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.metric_series import PENDING_LIMIT, Series
+from gateway.metric_series import PENDING_LIMIT, LeaseTracker, Series
 from gateway.metrics import Metrics
 
 NODES = ("127.0.0.1:7101", "127.0.0.1:7102")
@@ -169,3 +170,52 @@ def test_a_series_fold_adds_its_amounts_once_and_in_order() -> None:
     counts = [b.get() for b in child._buckets]
     assert counts[0] == 2  # 1e-17 and 0.00005 (le is inclusive)
     assert sum(counts) == 5
+
+
+def test_lease_tracker_forgets_the_oldest_grant_beyond_its_limit() -> None:
+    tracker = LeaseTracker(limit=3)
+    for lease in "abcd":
+        tracker.granted(lease * 32, 10.0)
+    tracker.renewed("b" * 32, 20.0)  # a renewal keeps its place
+    tracker.granted("e" * 32, 10.0)
+    assert tracker.held() == 3
+    assert tracker.ended("a" * 32) is None
+    assert tracker.ended("b" * 32) is None
+    assert tracker.ended("c" * 32) is not None
+
+
+def test_lease_tracker_renewal_of_an_ended_lease_does_not_bring_it_back() -> None:
+    tracker = LeaseTracker()
+    tracker.granted("a" * 32, 10.0)
+    assert tracker.ended("a" * 32) is not None
+    tracker.renewed("a" * 32, 10.0)
+    assert tracker.held() == 0
+    assert tracker.ended("a" * 32) is None
+
+
+@pytest.mark.parametrize("limit", [500, 100_000])
+def test_lease_tracker_counts_while_another_thread_grants_and_ends(limit: int) -> None:
+    """``held`` (the scrape) prunes while grants and ends go on without a lock: it
+    never counts more than ``limit``, and counts every live lease in the end."""
+    tracker = LeaseTracker(limit=limit)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def scrape() -> None:
+        while not done.is_set():
+            seen.append(tracker.held())
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for i in range(20_000):
+            tracker.granted(f"{i:032x}", 0.0 if i % 3 == 0 else 10.0)  # a third expire at once
+            if i % 2:
+                tracker.ended(f"{i - 1:032x}")
+    finally:
+        done.set()
+        scraper.join()
+    assert seen
+    assert max(seen) <= limit
+    if limit > 20_000:  # none forgotten
+        assert tracker.held() == sum(1 for i in range(20_000) if i % 2 == 1 and i % 3 != 0)
