@@ -30,8 +30,6 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import reduce
-from operator import add
 from typing import Any, Final, Protocol
 
 from prometheus_client.metrics_core import Metric
@@ -87,7 +85,10 @@ class Series:
             value._value += n  # n times += 1.0: exact below 2**53
         if self._sum is None:
             return
-        self._sum._value = reduce(add, amounts, self._sum._value)  # in their order
+        total = self._sum._value
+        for amount in amounts:  # one by one, in their order: observe's additions
+            total += amount
+        self._sum._value = total
         amounts.sort()
         counted = 0
         for bound, bucket in zip(self._upper_bounds, self._buckets, strict=True):
@@ -99,41 +100,48 @@ class Series:
                     return
 
 
-class WriteThrough:
+class WriteThrough(list[float]):
     """A series whose values are kept elsewhere: each amount goes to them at once.
 
-    Each value's own ``inc`` (a file write in multiprocess mode); never pending.
+    Each value's own ``inc`` (a file write in multiprocess mode). A list that
+    stays empty, so that a hook treats it as any pending list (its ``len`` is 0,
+    never full); its ``append`` (an attribute of its own) writes instead.
     """
 
-    __slots__ = ("append",)
-
     def __init__(self, counters: Sequence[Any], histogram: Any | None = None) -> None:
-        incs = tuple(c.inc for c in counters)
+        super().__init__()
+        incs = tuple(getattr(c, "_value", c).inc for c in counters)  # the value's: no checks
         bounds = tuple(getattr(histogram, "_upper_bounds", ()))
         buckets = tuple(getattr(histogram, "_buckets", ()))
         total = getattr(histogram, "_sum", None)
-        if histogram is None:
-            observe: Callable[[float], None] | None = None
-        elif bounds and len(bounds) == len(buckets) and total is not None:
-            bucket_incs = tuple(b.inc for b in buckets)
-            total_inc = total.inc
 
-            def observe(amount: float) -> None:
-                total_inc(amount)
-                bucket_incs[bisect_left(bounds, amount)](1.0)
-        else:
-            observe = histogram.observe
-
-        def append(amount: float) -> None:
+        def count(amount: float) -> None:
             for inc in incs:
                 inc(1.0)
-            if observe is not None:
+
+        self.append: Callable[[float], None] = count
+        if histogram is None:
+            return
+        if not (bounds and len(bounds) == len(buckets) and total is not None):
+            observe = histogram.observe
+
+            def count_and_observe(amount: float) -> None:
+                for inc in incs:
+                    inc(1.0)
                 observe(amount)
 
-        self.append: Callable[[float], None] = append
+            self.append = count_and_observe
+            return
+        bucket_incs = tuple(b.inc for b in buckets)
+        total_inc = total.inc
 
-    def __len__(self) -> int:
-        return 0
+        def count_and_add(amount: float) -> None:  # observe's additions, without its checks
+            for inc in incs:
+                inc(1.0)
+            total_inc(amount)
+            bucket_incs[bisect_left(bounds, amount)](1.0)
+
+        self.append = count_and_add
 
 
 class FoldFirst:

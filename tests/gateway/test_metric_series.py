@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.metric_series import PENDING_LIMIT, LeaseTracker, Series
+from gateway.metric_series import PENDING_LIMIT, LeaseTracker, Series, WriteThrough
 from gateway.metrics import Metrics
 
 NODES = ("127.0.0.1:7101", "127.0.0.1:7102")
@@ -219,3 +219,23 @@ def test_lease_tracker_counts_while_another_thread_grants_and_ends(limit: int) -
     assert max(seen) <= limit
     if limit > 20_000:  # none forgotten
         assert tracker.held() == sum(1 for i in range(20_000) if i % 2 == 1 and i % 3 != 0)
+
+
+def test_write_through_counts_at_once_and_observes_a_histogram_it_cannot_read() -> None:
+    """Values kept elsewhere: no amount waits; a histogram without the internals
+    the fast path reads gets its own ``observe``."""
+    registry = CollectorRegistry()
+    metrics = Metrics.create(registry)
+    counter = metrics.releases.labels("released")
+    observed: list[float] = []
+
+    class Opaque:
+        def observe(self, amount: float) -> None:
+            observed.append(amount)
+
+    sink = WriteThrough((counter,), Opaque())
+    sink.append(0.25)
+    sink.append(0.5)
+    assert len(sink) == 0
+    assert observed == [0.25, 0.5]
+    assert counter._value.get() == 2
