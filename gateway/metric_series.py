@@ -30,22 +30,14 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from prometheus_client.metrics_core import Metric
 
-__all__ = ["PENDING_LIMIT", "FoldFirst", "LeaseTracker", "Series", "Sink", "WriteThrough"]
+__all__ = ["PENDING_LIMIT", "FoldFirst", "LeaseTracker", "Series", "WriteThrough"]
 
 PENDING_LIMIT: Final = 1024
 """Amounts a series keeps before the hook that would add one more folds them."""
-
-
-class Sink(Protocol):
-    """Where a hook puts an amount: a series' pending list, or a ``WriteThrough``."""
-
-    def append(self, amount: float, /) -> None: ...
-
-    def __len__(self) -> int: ...
 
 
 class Series:

@@ -34,6 +34,10 @@ each scrape. ``process_*`` are summed over the supervisor and its workers, and
 ``fencegate_workers`` counts the live workers and ``fencegate_worker_restarts_total``
 the workers started again; ``python_gc_*`` are per process and not exported then.
 
+The hooks add nothing to a value themselves: they append each amount to the
+pending list of each series it moves, and a scrape adds them first
+(``gateway/metric_series.py``): the same values, without a lock per event.
+
 Hold time and leases held are what this gateway replica saw: a lease granted
 here and released here (hold time), or granted here and neither released
 nor expired yet (leases held). The gateway keeps no lock state, so a lease
@@ -56,7 +60,6 @@ from gateway.metric_series import (
     FoldFirst,
     LeaseTracker,
     Series,
-    Sink,
     WriteThrough,
     fold_all,
 )
@@ -85,6 +88,7 @@ __all__ = [
 
 K = TypeVar("K")
 V = TypeVar("V")
+_Pair = tuple[list[float], list[float]]  # the lists of a hook that moves two series
 NAMESPACE: Final = "fencegate"
 MULTIPROCESS: Final = bool(getattr(values.ValueClass, "_multiprocess", False))
 """prometheus-client keeps values in ``PROMETHEUS_MULTIPROC_DIR`` (a worker of several)."""
@@ -199,18 +203,18 @@ class Metrics:
     _groups_of: dict[str, str] = field(default_factory=dict)
     _group_nodes: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
     _states: dict[str, str] = field(default_factory=dict)
-    # The sinks of each hook, by its labels (``gateway/metric_series.py``): .labels() and
+    # The lists each hook appends to, by its labels (``gateway/metric_series.py``): .labels() and
     # the checks of inc() and observe() cost more than the update itself, and some hooks
     # run several times a request (node_call: once per Redis node and command).
-    _acquires: dict[tuple[str, str], tuple[Sink, Sink]] = field(default_factory=dict)
-    _node_latency: dict[str, Sink] = field(default_factory=dict)
-    _node_errors: dict[str, Sink] = field(default_factory=dict)
-    _releases: dict[str, Sink] = field(default_factory=dict)
-    _writes: dict[tuple[str, bool], tuple[Sink, Sink]] = field(default_factory=dict)
-    _requests: dict[tuple[str, str, int], tuple[Sink, Sink]] = field(default_factory=dict)
-    _hold: dict[None, Sink] = field(default_factory=dict)
+    _acquires: dict[tuple[str, str], _Pair] = field(default_factory=dict)
+    _node_latency: dict[str, list[float]] = field(default_factory=dict)
+    _node_errors: dict[str, list[float]] = field(default_factory=dict)
+    _releases: dict[str, list[float]] = field(default_factory=dict)
+    _writes: dict[tuple[str, bool], _Pair] = field(default_factory=dict)
+    _requests: dict[tuple[str, str, int], _Pair] = field(default_factory=dict)
+    _hold: dict[None, list[float]] = field(default_factory=dict)
     # every series (its children, as a key) and those with pending amounts, to fold
-    _sinks: dict[tuple[Any, ...], Sink] = field(default_factory=dict)
+    _sinks: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
     _series: list[Series] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # creates and folds series
 
@@ -436,8 +440,9 @@ class Metrics:
         """Add every pending amount to its values (a scrape does, first: ``FoldFirst``)."""
         fold_all(self._lock, self._series)
 
-    def _sink(self, counters: Sequence[Any], histogram: Any | None = None) -> Sink:
-        """The sink of one series (children of our metrics); call under ``self._lock``.
+    def _sink(self, counters: Sequence[Any], histogram: Any | None = None) -> list[float]:
+        """The list a hook appends to for one series (children of our metrics): its
+        pending amounts, or a ``WriteThrough``; call under ``self._lock``.
 
         One series per set of children: every amount of a histogram child goes
         to one list, in order.
