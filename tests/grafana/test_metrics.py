@@ -314,9 +314,9 @@ def _plain_values(metrics: Metrics) -> list[Any]:
 
 
 def test_a_lock_cycle_updates_its_metrics_without_a_lock_per_value() -> None:
-    """27 values move in a lock cycle (counters, sums, buckets); each hook adds to its
-    values under one lock of its ``Metrics``, not through ``inc`` (a lock and a call)
-    per value."""
+    """27 values move in a lock cycle (counters, sums, buckets); each hook appends its
+    amount to the pending lists of its series, and the scrape folds them in, not
+    through ``inc`` (a lock and a call) per value."""
     registry = CollectorRegistry()
     metrics = Metrics.create(registry)
     _one_lock_cycle(metrics)  # creates each label set's children
