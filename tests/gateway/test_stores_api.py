@@ -160,6 +160,23 @@ async def test_fencing_none_writes_without_any_check(start: Start, files_root: P
     assert await read(client, "raw", "k") == "b"
 
 
+@pytest.mark.parametrize("fencing", ["token", "none"])
+async def test_put_answer_is_the_bytes_json_dumps_gives(
+    start: Start, files_root: Path, fencing: str
+) -> None:
+    # The PUT answer is built without the JSON encoder: the same bytes and header.
+    name, key = "Odd_store-1", "A-Z.a_z~0:9/x-y"
+    stores = {name: {"type": "files", "root": str(files_root), "fencing": fencing}}
+    client = await start(make_config(stores=stores))
+    token = (await take(client, f"{name}/{key}"))["token"] if fencing == "token" else None
+    headers = {} if token is None else {"X-Fencing-Token": str(token)}
+    response = await client.put(f"/v1/stores/{name}/{key}", data=b"v", headers=headers)
+    assert response.status == 200
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    expected = json.dumps({"store": name, "key": key, "token": token}).encode()
+    assert await response.read() == expected
+
+
 async def test_issued_counter_is_cached_and_refreshed_above_it(
     start: Start, files_root: Path, redis3: list[RedisNode]
 ) -> None:
