@@ -5,8 +5,10 @@ every ``acquire(timeout=...)`` goes through ``wait_for``, ``asyncio.timeout``
 and ``Queue.get``, and every release through ``asyncio.shield`` (a Task), while
 the statement itself is one ``fetchrow``. Here the common case is a deque pop
 to acquire and a deque append (or a hand-over to the oldest waiter) to release:
-no task, no timer, no future. Only a caller that must wait gets a future and
-its ``acquire_timeout``; waiters are served first come, first served.
+no task, no timer, no future. Only a caller that must wait gets a future;
+waiters are served first come, first served, and one timer, armed for the
+earliest deadline of those waiting, fails each whose ``acquire_timeout``
+passed (not a timer per waiter: under load nearly every acquire waits).
 
 A connection released after its block raised is kept only when it is open,
 not in a transaction, and ``reusable_after`` the error (by default: one the
@@ -45,9 +47,10 @@ def _server_answered(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.PostgresError)
 
 
-def _expire(fut: asyncio.Future[asyncpg.Connection | None]) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
+# uvloop rounds a timer to the ms and its clock moves in ms: a timer may run up to a
+# ms before its deadline reads as passed, which must not re-arm it for "now" in a spin.
+_SLACK: Final = 0.001
+_Waiter = tuple[float, "asyncio.Future[asyncpg.Connection | None]"]  # (deadline, future)
 
 
 class PgPool:
@@ -76,13 +79,14 @@ class PgPool:
         self._max_idle = max_idle
         self._reusable_after = reusable_after
         self._idle: deque[tuple[float, asyncpg.Connection]] = deque()  # oldest release first
-        self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
+        self._waiters: deque[_Waiter] = deque()
         self._all: set[asyncpg.Connection] = set()  # open, idle or in use
         self._open = 0  # open or opening: never above max_size
         self._started = False  # the floor is restored only once start succeeded
         self._closing = False
         self._drained: asyncio.Future[None] | None = None
         self._sweep: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.TimerHandle | None = None  # armed while someone may wait
         self._floor: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -126,7 +130,16 @@ class PgPool:
             if self._open < self._max:
                 self._open += 1
                 return await self._connect(deadline)
-            conn = await self._wait(deadline)
+            fut: asyncio.Future[asyncpg.Connection | None] = self._loop.create_future()
+            waiter = (deadline, fut)
+            self._waiters.append(waiter)
+            if self._expiry is None:
+                self._expiry = self._loop.call_at(deadline, self._expire)
+            try:  # until the next connection released or slot freed (None), or the deadline
+                conn = await fut
+            except BaseException:
+                self._forget(waiter)
+                raise
             if conn is None:  # a freed slot was handed over: open in it
                 return await self._connect(deadline)
             if not conn.is_closed():
@@ -143,7 +156,7 @@ class PgPool:
             return
         waiters = self._waiters
         while waiters:
-            fut = waiters.popleft()
+            fut = waiters.popleft()[1]
             if not fut.done():
                 fut.set_result(conn)
                 return
@@ -163,7 +176,7 @@ class PgPool:
             return True
         self._closing = True  # the floor task stops; terminate() below cancels it
         while self._waiters:
-            fut = self._waiters.popleft()
+            fut = self._waiters.popleft()[1]
             if not fut.done():
                 fut.set_exception(PoolClosing("the pool is closing"))
         self._drained = self._loop.create_future()
@@ -185,9 +198,10 @@ class PgPool:
         self._closing, self._started = True, False
         if self._floor is not None:
             self._floor.cancel()
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
+        for timer in (self._sweep, self._expiry):
+            if timer is not None:
+                timer.cancel()
+        self._sweep = self._expiry = None
         for conn in list(self._all):
             conn.terminate()
         self._all.clear()
@@ -215,24 +229,28 @@ class PgPool:
             self._sweep = self._loop.call_later(self._max_idle, self._shrink)
         return conn
 
-    async def _wait(self, deadline: float) -> asyncpg.Connection | None:
-        """Queue for the next connection released or slot freed (``None``) until ``deadline``."""
-        fut: asyncio.Future[asyncpg.Connection | None] = self._loop.create_future()
-        self._waiters.append(fut)
-        timer = self._loop.call_at(deadline, _expire, fut)
-        try:
-            return await fut
-        except BaseException:
-            self._forget(fut)
-            raise
-        finally:
-            timer.cancel()
+    def _expire(self) -> None:
+        """Fail the waiters whose deadline passed; re-arm for the earliest one left."""
+        self._expiry = None
+        now = self._loop.time() + _SLACK
+        left: deque[_Waiter] = deque()
+        for deadline, fut in self._waiters:
+            if fut.done():
+                continue
+            if deadline <= now:
+                fut.set_exception(TimeoutError())
+            else:
+                left.append((deadline, fut))
+        self._waiters = left
+        if left:
+            self._expiry = self._loop.call_at(min(d for d, _ in left), self._expire)
 
-    def _forget(self, fut: asyncio.Future[asyncpg.Connection | None]) -> None:
+    def _forget(self, waiter: _Waiter) -> None:
         """A waiter gave up: pass on whatever was handed to it in the same moment."""
+        fut = waiter[1]
         if not fut.done() or fut.cancelled() or fut.exception() is not None:
             with contextlib.suppress(ValueError):
-                self._waiters.remove(fut)
+                self._waiters.remove(waiter)
             return
         conn = fut.result()
         if conn is None:
@@ -252,7 +270,7 @@ class PgPool:
         """The oldest waiter may open a connection in the freed slot; else restore the floor."""
         waiters = self._waiters
         while waiters and not self._closing:
-            fut = waiters.popleft()
+            fut = waiters.popleft()[1]
             if not fut.done():
                 self._open += 1
                 fut.set_result(None)

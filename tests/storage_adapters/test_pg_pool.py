@@ -106,6 +106,30 @@ async def test_a_waiter_times_out_after_acquire_timeout_and_leaves_no_trace(
     assert await pool.acquire() is held  # the released connection went to idle, not to it
 
 
+async def test_one_timer_fails_each_waiter_at_its_own_deadline(make_pool: MakePool) -> None:
+    # The pool's one timer is armed for the first waiter's deadline; that waiter is
+    # served early, and the timer must neither fail the next waiter then nor forget it.
+    pool = make_pool(max_size=1, acquire_timeout=1.0)
+    await pool.start()
+    held = await pool.acquire()
+    first = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0.05)
+    pool.release(held)
+    held = await asyncio.wait_for(first, 5)
+    await asyncio.sleep(0.45)
+    started = time.monotonic()
+    second = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0.6)  # past the first waiter's deadline, not the second's
+    assert not second.done()
+    assert pool.waiting == 1
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(second, 5)
+    assert 0.9 < time.monotonic() - started < 3
+    assert pool.waiting == 0
+    pool.release(held)
+    assert await pool.acquire() is held
+
+
 async def test_never_more_than_max_size_backends_under_concurrency(
     pg_dsn: str, make_pool: MakePool
 ) -> None:
