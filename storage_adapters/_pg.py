@@ -27,7 +27,7 @@ from typing import Any, Final
 import asyncpg
 
 from storage_adapters import pg_pool
-from storage_adapters.base import DEFAULT_CONTENT_TYPE, NO_HOOKS, FencedStore, Record, StoreHooks
+from storage_adapters.base import NO_HOOKS, FencedStore, StoreHooks
 from storage_adapters.errors import (
     BadValue,
     StaleToken,
@@ -40,6 +40,7 @@ from storage_adapters.errors import (
 from storage_adapters.pg_pool import PgPool
 
 __all__ = [
+    "DRIVER_ERRORS",
     "RECONNECT_LOG",
     "PgStoreBase",
     "check_exact_keys",
@@ -48,6 +49,7 @@ __all__ = [
     "pg_errors",
     "quote_ident",
     "raise_mark_sql",
+    "storage_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -243,7 +245,7 @@ def _stale_from_trigger(exc: BaseException) -> StorageError:
 
 
 # What a call to asyncpg may raise that is ours to translate (``_storage_error``).
-_DRIVER_ERRORS: Final = (
+DRIVER_ERRORS: Final = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.InternalClientError,
@@ -252,7 +254,7 @@ _DRIVER_ERRORS: Final = (
 )
 
 
-def _storage_error(store: str, exc: BaseException, *, values: bool = True) -> BaseException:
+def storage_error(store: str, exc: BaseException, *, values: bool = True) -> BaseException:
     """The error to raise instead of the driver error ``exc`` (see ``pg_errors``)."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
@@ -276,8 +278,8 @@ def pg_errors(store: str, *, values: bool = True) -> Iterator[None]:
         yield
     except StorageError:
         raise
-    except _DRIVER_ERRORS as exc:
-        raise _storage_error(store, exc, values=values) from exc
+    except DRIVER_ERRORS as exc:
+        raise storage_error(store, exc, values=values) from exc
 
 
 class _Checkout:
@@ -298,8 +300,8 @@ class _Checkout:
     async def __aenter__(self) -> Any:
         try:
             self._conn = await self._pool.acquire()
-        except _DRIVER_ERRORS as exc:
-            raise _storage_error(self._store, exc) from exc
+        except DRIVER_ERRORS as exc:
+            raise storage_error(self._store, exc) from exc
         return self._conn
 
     async def __aexit__(
@@ -310,13 +312,13 @@ class _Checkout:
     ) -> None:
         try:
             self._pool.release(self._conn, exc)
-        except _DRIVER_ERRORS as failed:  # as pg_errors around the release
-            raise _storage_error(self._store, failed) from failed
+        except DRIVER_ERRORS as failed:  # as pg_errors around the release
+            raise storage_error(self._store, failed) from failed
         if exc is None:
             if RECONNECT_LOG.reason is not None:  # the block ran: the server answers again
                 RECONNECT_LOG.recovered(self._store)
-        elif isinstance(exc, _DRIVER_ERRORS) and not isinstance(exc, StorageError):
-            raise _storage_error(self._store, exc) from exc
+        elif isinstance(exc, DRIVER_ERRORS) and not isinstance(exc, StorageError):
+            raise storage_error(self._store, exc) from exc
 
 
 class PgStoreBase(FencedStore):
@@ -426,37 +428,8 @@ class PgStoreBase(FencedStore):
     # and the call retried once on another: every call is idempotent for its token (a
     # mark raised to the same token, the same write or delete again), and a transaction
     # left open dies with the terminated connection.
-    async def put(
-        self,
-        scope: str,
-        key: str,
-        token: int | None,
-        body: bytes,
-        *,
-        content_type: str = DEFAULT_CONTENT_TYPE,
-    ) -> int | None:
-        try:
-            return await super().put(scope, key, token, body, content_type=content_type)
-        except StorageUnavailable as exc:
-            if not _not_sent(exc):
-                raise
-        return await super().put(scope, key, token, body, content_type=content_type)
-
-    async def get(self, scope: str, key: str, token: int | None) -> Record:
-        try:
-            return await super().get(scope, key, token)
-        except StorageUnavailable as exc:
-            if not _not_sent(exc):
-                raise
-        return await super().get(scope, key, token)
-
-    async def delete(self, scope: str, key: str, token: int | None) -> None:
-        try:
-            return await super().delete(scope, key, token)
-        except StorageUnavailable as exc:
-            if not _not_sent(exc):
-                raise
-        return await super().delete(scope, key, token)
+    def _retry_once(self, exc: StorageUnavailable) -> bool:
+        return _not_sent(exc)
 
     def _require_started(self) -> PgPool:
         if self._pool is None:

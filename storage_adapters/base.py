@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Final, Protocol, Self
 
-from storage_adapters.errors import BadValue, CorruptMetadata, StaleToken
+from storage_adapters.errors import BadValue, CorruptMetadata, StaleToken, StorageUnavailable
 
 __all__ = [
     "DEFAULT_CONTENT_TYPE",
@@ -239,18 +239,24 @@ class FencedStore(ABC):
         self._check(scope, key, token)
         if not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type):
             raise BadValue(f"content type {content_type!r} is not 1-255 printable ASCII characters")
-        # Timed here, not in a wrapper coroutine: one frame less on every write.
-        started = time.perf_counter()  # the loop's clock is ms-coarse under uvloop
-        ok = False
-        try:
-            result = await self._put(scope, key, token, bytes(body), content_type)
-            ok = True
-            return result
-        except StaleToken:
-            self._notify_rejected()
-            raise
-        finally:
-            self._write_ended(started, ok)
+        # Timed and retried here, not in wrapper coroutines: fewer frames on every write.
+        retry = True
+        while True:
+            started = time.perf_counter()  # the loop's clock is ms-coarse under uvloop
+            ok = False
+            try:
+                result = await self._put(scope, key, token, bytes(body), content_type)
+                ok = True
+                return result
+            except StaleToken:
+                self._notify_rejected()
+                raise
+            except StorageUnavailable as exc:
+                if not (retry and self._retry_once(exc)):
+                    raise
+                retry = False
+            finally:
+                self._write_ended(started, ok)
 
     async def get(self, scope: str, key: str, token: int | None) -> Record:
         """Read ``key``; with a token, a fenced read that first raises the mark of ``scope``.
@@ -262,11 +268,17 @@ class FencedStore(ABC):
             StorageUnavailable: the storage failed.
         """
         self._check(scope, key, token)
-        try:
-            return await self._get(scope, key, token)
-        except StaleToken:
-            self._notify_rejected()
-            raise
+        retry = True
+        while True:
+            try:
+                return await self._get(scope, key, token)
+            except StaleToken:
+                self._notify_rejected()
+                raise
+            except StorageUnavailable as exc:
+                if not (retry and self._retry_once(exc)):
+                    raise
+                retry = False
 
     async def delete(self, scope: str, key: str, token: int | None) -> None:
         """Delete ``key``, fenced like ``put``; a missing key is not an error.
@@ -279,16 +291,23 @@ class FencedStore(ABC):
             StorageUnavailable: the storage failed.
         """
         self._check(scope, key, token)
-        started = time.perf_counter()
-        ok = False
-        try:
-            await self._delete(scope, key, token)
-            ok = True
-        except StaleToken:
-            self._notify_rejected()
-            raise
-        finally:
-            self._write_ended(started, ok)
+        retry = True
+        while True:
+            started = time.perf_counter()
+            ok = False
+            try:
+                await self._delete(scope, key, token)
+                ok = True
+                return
+            except StaleToken:
+                self._notify_rejected()
+                raise
+            except StorageUnavailable as exc:
+                if not (retry and self._retry_once(exc)):
+                    raise
+                retry = False
+            finally:
+                self._write_ended(started, ok)
 
     @abstractmethod
     async def _put(
@@ -303,6 +322,11 @@ class FencedStore(ABC):
     @abstractmethod
     async def _delete(self, scope: str, key: str, token: int | None) -> None:
         """Check and delete atomically; arguments are already validated."""
+
+    def _retry_once(self, exc: StorageUnavailable) -> bool:
+        """True: the call failed before it reached the storage, and is made once more
+        (each attempt reported to the hooks on its own). None is, unless overridden."""
+        return False
 
     def _corrupt(self, key: str, what: str, where: str = "") -> CorruptMetadata:
         """The error for fencing metadata of ``key`` that fencegate did not write,

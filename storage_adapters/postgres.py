@@ -32,11 +32,14 @@ from collections.abc import Mapping
 from typing import Final
 
 from storage_adapters._pg import (
+    DRIVER_ERRORS,
+    RECONNECT_LOG,
     PgStoreBase,
     check_exact_keys,
     ensure_tables,
     fence_ddl,
     raise_mark_sql,
+    storage_error,
 )
 from storage_adapters.base import NO_HOOKS, Record, StoreHooks
 from storage_adapters.errors import NotFound
@@ -134,15 +137,28 @@ class PostgresStore(PgStoreBase):
     async def _put(
         self, scope: str, key: str, token: int | None, body: bytes, content_type: str
     ) -> int | None:
-        async with self._conn() as conn:
-            if token is None:
-                await conn.fetchrow(self._put_unfenced_sql, self.name, key, body, content_type)
-                return None
-            row = await conn.fetchrow(
-                self._put_sql, scope, self.name, token, key, body, content_type
-            )
-            if row is None:
-                raise await self._stale(conn, scope, token)
+        # ``async with self._conn()`` spelled out, as on no other path: the fenced PUT
+        # is the gateway's hottest store call, and the checkout's two coroutines cost.
+        pool = self._require_started()
+        try:
+            conn = await pool.acquire()
+            try:
+                if token is None:
+                    await conn.fetchrow(self._put_unfenced_sql, self.name, key, body, content_type)
+                else:
+                    row = await conn.fetchrow(
+                        self._put_sql, scope, self.name, token, key, body, content_type
+                    )
+                    if row is None:
+                        raise await self._stale(conn, scope, token)
+            except BaseException as exc:
+                pool.release(conn, exc)
+                raise
+            pool.release(conn)
+        except DRIVER_ERRORS as exc:
+            raise storage_error(self.name, exc) from exc
+        if RECONNECT_LOG.reason is not None:  # the call ran: the server answers again
+            RECONNECT_LOG.recovered(self.name)
         return token
 
     async def _get(self, scope: str, key: str, token: int | None) -> Record:
