@@ -63,9 +63,10 @@ def parse_token(value: str) -> int:
     Raises:
         BadToken: anything else (sign, spaces inside, letters, zero, overflow).
     """
-    if not _TOKEN.fullmatch(value) or not 1 <= int(value) <= MAX_TOKEN:
+    token = int(value) if _TOKEN.fullmatch(value) else 0
+    if not 1 <= token <= MAX_TOKEN:
         raise BadToken(value)
-    return int(value)
+    return token
 
 
 # stores
@@ -85,19 +86,18 @@ def _token(request: web.Request, entry: StoreEntry, *, required: bool) -> int | 
     if entry.config.fencing == "none":
         return None  # the baseline: no check at all (logged loudly at start)
     values = request.headers.getall(TOKEN_HEADER, None)
-    metrics = request.app[METRICS]
     if values is None:
         if not required:
             return None
-        metrics.rejected(entry.name, "token_required")
+        request.app[METRICS].rejected(entry.name, "token_required")
         raise TokenRequired(entry.name)
     if len(values) > 1:  # which one was meant? Neither is taken (gateway/headers.py)
-        metrics.rejected(entry.name, "bad_token")
+        request.app[METRICS].rejected(entry.name, "bad_token")
         raise BadToken(", ".join(values), copies=len(values))
     try:
         return parse_token(values[0].strip())
     except BadToken:
-        metrics.rejected(entry.name, "bad_token")
+        request.app[METRICS].rejected(entry.name, "bad_token")
         raise
 
 
@@ -130,21 +130,19 @@ async def _fence(request: web.Request, entry: StoreEntry, scope: str, token: int
     A token at or below the cached ``issued`` counter of the scope passes
     without a lock-service call; above it the counter is read again first.
     """
-    manager = request.app[LOCKS]
-    metrics = request.app[METRICS]
     if entry.config.fencing == "lease":
-        info = await manager.inspect(scope)
+        info = await request.app[LOCKS].inspect(scope)
         if not info.held or info.token != token:
-            metrics.rejected(entry.name, "not_lease_holder")
+            request.app[METRICS].rejected(entry.name, "not_lease_holder")
             raise NotLeaseHolder(scope, token, info.token if info.held else None, info.token)
         return
     cache = request.app[STATE].issued
     if cache.covers(scope, token):
         return
-    issued = await manager.issued(scope)
+    issued = await request.app[LOCKS].issued(scope)
     cache.update(scope, issued)
     if token > issued:
-        metrics.rejected(entry.name, "token_not_issued")
+        request.app[METRICS].rejected(entry.name, "token_not_issued")
         hint = _not_issued_hint(request, entry, scope)
         raise TokenNotIssued(token, issued, scope=scope, hint=hint)
 
@@ -172,8 +170,9 @@ def _not_issued_hint(request: web.Request, entry: StoreEntry, scope: str) -> str
 
 async def _body(request: web.Request) -> bytes:
     limit = request.app[CONFIG].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise TooLarge(request.content_length, limit)
+    length = request.content_length
+    if length is not None and length > limit:
+        raise TooLarge(length, limit)
     return await request.read()  # client_max_size = limit also stops a chunked body
 
 
