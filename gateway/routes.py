@@ -70,9 +70,8 @@ def parse_token(value: str) -> int:
 
 
 # stores
-def _target(request: web.Request) -> tuple[StoreEntry, str]:
+def _target(request: web.Request, stores: dict[str, StoreEntry]) -> tuple[StoreEntry, str]:
     store = request.match_info["store"]
-    stores = request.app[STORES]
     entry = stores.get(store)
     if entry is None:
         raise UnknownStore(store, sorted(stores))
@@ -124,25 +123,27 @@ def _scope(request: web.Request, entry: StoreEntry, key: str, token: int | None)
         raise BadRequest(f"fence lock: {exc}{hint}") from None
 
 
-async def _fence(request: web.Request, entry: StoreEntry, scope: str, token: int) -> None:
+async def _fence(
+    request: web.Request, app: web.Application, entry: StoreEntry, scope: str, token: int
+) -> None:
     """Refuse a forged token (never issued for ``scope``), and in lease mode a non-holder's.
 
     A token at or below the cached ``issued`` counter of the scope passes
     without a lock-service call; above it the counter is read again first.
     """
     if entry.config.fencing == "lease":
-        info = await request.app[LOCKS].inspect(scope)
+        info = await app[LOCKS].inspect(scope)
         if not info.held or info.token != token:
-            request.app[METRICS].rejected(entry.name, "not_lease_holder")
+            app[METRICS].rejected(entry.name, "not_lease_holder")
             raise NotLeaseHolder(scope, token, info.token if info.held else None, info.token)
         return
-    cache = request.app[STATE].issued
+    cache = app[STATE].issued
     if cache.covers(scope, token):
         return
-    issued = await request.app[LOCKS].issued(scope)
+    issued = await app[LOCKS].issued(scope)
     cache.update(scope, issued)
     if token > issued:
-        request.app[METRICS].rejected(entry.name, "token_not_issued")
+        app[METRICS].rejected(entry.name, "token_not_issued")
         hint = _not_issued_hint(request, entry, scope)
         raise TokenNotIssued(token, issued, scope=scope, hint=hint)
 
@@ -168,23 +169,24 @@ def _not_issued_hint(request: web.Request, entry: StoreEntry, scope: str) -> str
     )
 
 
-async def _body(request: web.Request) -> bytes:
-    limit = request.app[CONFIG].max_body_bytes
+def _check_length(request: web.Request, limit: int) -> None:
+    """Refuse a body whose Content-Length is above ``limit`` before reading it."""
     length = request.content_length
     if length is not None and length > limit:
         raise TooLarge(length, limit)
-    return await request.read()  # client_max_size = limit also stops a chunked body
 
 
 @routes.put("/v1/stores/{store}/{key:.+}", name="store_put")
 async def put(request: web.Request) -> web.Response:
     """Write the body at the key if the token is not stale."""
-    entry, key = _target(request)
+    app = request.app
+    entry, key = _target(request, app[STORES])
     token = _token(request, entry, required=True)
     scope = _scope(request, entry, key, token)
-    body = await _body(request)
+    _check_length(request, app[CONFIG].max_body_bytes)
+    body = await request.read()  # client_max_size = the limit also stops a chunked body
     if token is not None:
-        await _fence(request, entry, scope, token)
+        await _fence(request, app, entry, scope, token)
     content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE)
     stored = await entry.store.put(scope, key, token, body, content_type=content_type)
     return _put_answer(entry.name, key, stored)
@@ -207,11 +209,12 @@ def _put_answer(store: str, key: str, token: int | None) -> web.Response:
 @routes.get("/v1/stores/{store}/{key:.+}", name="store_get", allow_head=False)
 async def get(request: web.Request) -> web.Response:
     """Read the key; with X-Fencing-Token, a fenced read that raises the mark first."""
-    entry, key = _target(request)
+    app = request.app
+    entry, key = _target(request, app[STORES])
     token = _token(request, entry, required=False)
     scope = _scope(request, entry, key, token)
     if token is not None:
-        await _fence(request, entry, scope, token)
+        await _fence(request, app, entry, scope, token)
     record = await entry.store.get(scope, key, token)
     headers = {"Content-Type": record.content_type}
     if record.token is not None:
@@ -222,11 +225,12 @@ async def get(request: web.Request) -> web.Response:
 @routes.delete("/v1/stores/{store}/{key:.+}", name="store_delete")
 async def delete(request: web.Request) -> web.Response:
     """Delete the key if the token is not stale (a missing key is not an error)."""
-    entry, key = _target(request)
+    app = request.app
+    entry, key = _target(request, app[STORES])
     token = _token(request, entry, required=True)
     scope = _scope(request, entry, key, token)
     if token is not None:
-        await _fence(request, entry, scope, token)
+        await _fence(request, app, entry, scope, token)
     await entry.store.delete(scope, key, token)
     return web.Response(status=204)
 
