@@ -13,7 +13,8 @@ How each call reaches the server (all prepared statements, cached by asyncpg):
   upsert selects from it, so the kv row is written only when the fence row
   was; the fence row lock, held until commit, queues every other writer of the
   scope through any gateway. Only when nothing was written a second query
-  reads the mark for ``StaleToken``.
+  reads the mark for ``StaleToken``. The fenced one is prepared once per
+  connection and kept by the store (``_put_stmt``), not looked up in asyncpg's cache.
 * fenced ``get``: two statements, raise the mark, then read. Not one: in READ
   COMMITTED a statement reads with the snapshot taken when it *started*, so a
   fenced read that waited on the fence row lock of an in-flight write would
@@ -29,7 +30,9 @@ How each call reaches the server (all prepared statements, cached by asyncpg):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
+
+import asyncpg
 
 from storage_adapters._pg import (
     DRIVER_ERRORS,
@@ -118,6 +121,8 @@ class PostgresStore(PgStoreBase):
             f"SELECT value, content_type, token FROM {s}.{_KV} WHERE store = $1 AND key = $2"
         )
         self._delete_sql = f"DELETE FROM {s}.{_KV} WHERE store = $1 AND key = $2"
+        # The fenced upsert prepared on each connection (asyncpg PreparedStatement).
+        self._put_stmts: dict[Any, Any] = {}
 
     async def _prepare(self, conn: object) -> None:
         s = self._schema_q
@@ -146,9 +151,17 @@ class PostgresStore(PgStoreBase):
                 if token is None:
                     await conn.fetchrow(self._put_unfenced_sql, self.name, key, body, content_type)
                 else:
-                    row = await conn.fetchrow(
-                        self._put_sql, scope, self.name, token, key, body, content_type
-                    )
+                    stmt = self._put_stmts.get(conn)
+                    if stmt is None:
+                        stmt = await self._put_stmt(conn)
+                    args = (scope, self.name, token, key, body, content_type)
+                    try:
+                        row = await stmt.fetchrow(*args)
+                    except asyncpg.exceptions.InvalidCachedStatementError:
+                        # The table changed under the statement (ALTER TABLE): as
+                        # conn.fetchrow does with its cached one, prepare it anew, once.
+                        self._put_stmts.pop(conn, None)
+                        row = await conn.fetchrow(self._put_sql, *args)
                     if row is None:
                         raise await self._stale(conn, scope, token)
             except BaseException as exc:
@@ -160,6 +173,21 @@ class PostgresStore(PgStoreBase):
         if RECONNECT_LOG.reason is not None:  # the call ran: the server answers again
             RECONNECT_LOG.recovered(self.name)
         return token
+
+    async def _put_stmt(self, conn: Any) -> Any:
+        """The fenced upsert prepared on ``conn``, kept for the connection's next PUTs.
+
+        ``conn.fetchrow(sql)`` finds the same server-side statement in asyncpg's
+        cache, but through five coroutines, a cache lookup and clock reads per
+        call; a prepared statement binds and executes straight away. PgPool hands
+        connections back as they are (no reset), so the statement stays valid for
+        as long as its connection is open; those of closed connections are
+        dropped here before the dict outgrows the pool.
+        """
+        if len(self._put_stmts) >= self._pool_max:
+            self._put_stmts = {c: st for c, st in self._put_stmts.items() if not c.is_closed()}
+        stmt = self._put_stmts[conn] = await conn.prepare(self._put_sql)
+        return stmt
 
     async def _get(self, scope: str, key: str, token: int | None) -> Record:
         async with self._conn() as conn:

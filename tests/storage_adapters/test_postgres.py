@@ -279,3 +279,40 @@ async def test_a_kv_table_whose_keys_do_not_compare_byte_for_byte_is_refused(
         await store.put("s", "Key", 1, b"upper")
         await store.put("s", "key", 1, b"lower")
         assert (await store.get("s", "Key", None)).body == b"upper"
+
+
+async def test_a_put_after_the_table_changed_type_prepares_its_statement_anew(
+    admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    """The fenced PUT keeps a prepared statement per connection; a column type changed
+    under it ("cached plan must not change result type") costs no failed write."""
+    settings = pg_settings(pg_schema)
+    async with PostgresStore(
+        "kv", pg_dsn, schema=pg_schema, pool_max=1, server_settings=settings
+    ) as kv:
+        await kv.put("s", "k", 1, b"one")
+        await admin.execute(
+            f'ALTER TABLE "{pg_schema}".fencegate_kv ALTER COLUMN token TYPE numeric'
+        )
+        assert await kv.put("s", "k", 2, b"two") == 2
+        assert await kv.put("s", "k", 3, b"three") == 3
+        with pytest.raises(StaleToken):
+            await kv.put("s", "k", 2, b"late")
+        record = await kv.get("s", "k", None)
+        assert (record.body, record.token) == (b"three", 3)
+
+
+async def test_statements_of_closed_connections_are_not_kept(
+    admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    app = f"fg-{pg_schema}"
+    async with PostgresStore(
+        "kv", pg_dsn, schema=pg_schema, pool_max=1, server_settings={"application_name": app}
+    ) as kv:
+        kill = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1"
+        for n in range(1, 5):
+            await kv.put("s", "k", n, b"v")
+            await admin.execute(kill, app)
+            await asyncio.sleep(0.1)  # the close is noticed: the next put opens a connection
+        await kv.put("s", "k", 5, b"v")
+        assert len(kv._put_stmts) == 1
