@@ -22,7 +22,6 @@ from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -35,7 +34,7 @@ from gateway.errors import (
     UnknownStore,
 )
 from gateway.guard import add_guarded, add_unmatched
-from gateway.headers import json_answer, one_header
+from gateway.headers import json_answer, json_bytes, one_header
 from gateway.lock_routes import routes as lock_routes
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
@@ -49,8 +48,6 @@ __all__ = ["add_routes", "parse_token"]
 TOKEN_HEADER: Final = "X-Fencing-Token"
 LOCK_HEADER: Final = "X-Fencing-Lock"
 _TOKEN: Final = re.compile(r"[0-9]{1,19}")
-# The header of json_answer's answers, for an answer whose JSON is built here.
-_JSON: Final = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json; charset=utf-8"}))
 _quote: Final = encode_basestring_ascii  # json.dumps of a str, as ensure_ascii=True does
 
 routes = web.RouteTableDef()
@@ -176,6 +173,23 @@ def _check_length(request: web.Request, limit: int) -> None:
         raise TooLarge(length, limit)
 
 
+async def _body(request: web.Request) -> bytes:
+    """``await request.read()``, without its read loop when the whole body is in.
+
+    As the lock routes take theirs (``lock_routes._body``): a body that came with
+    its head is taken from the stream at once, held to ``client_max_size`` (the
+    body limit) as read() holds it; one still coming is read as before.
+    """
+    content = request.content
+    if not content.is_eof():  # more to come: read() waits for it
+        return await request.read()
+    raw = content.read_nowait()
+    limit = request.client_max_size
+    if limit and len(raw) > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
+    return raw
+
+
 @routes.put("/v1/stores/{store}/{key:.+}", name="store_put")
 async def put(request: web.Request) -> web.Response:
     """Write the body at the key if the token is not stale."""
@@ -184,7 +198,7 @@ async def put(request: web.Request) -> web.Response:
     token = _token(request, entry, required=True)
     scope = _scope(request, entry, key, token)
     _check_length(request, app[CONFIG].max_body_bytes)
-    body = await request.read()  # client_max_size = the limit also stops a chunked body
+    body = await _body(request)  # client_max_size = the limit also stops a chunked body
     if token is not None:
         await _fence(request, app, entry, scope, token)
     content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE)
@@ -201,7 +215,7 @@ def _put_answer(store: str, key: str, token: int | None) -> web.Response:
     """
     stored = "null" if token is None else str(token)
     text = f'{{"store": {_quote(store)}, "key": "{key}", "token": {stored}}}'
-    return web.Response(body=text.encode(), headers=_JSON)
+    return json_bytes(text.encode())
 
 
 # No HEAD here (405): a read with X-Fencing-Token raises the key's mark, and a

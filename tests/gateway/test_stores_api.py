@@ -3,6 +3,7 @@ lease and none fencing, the issued-token cache and its messages."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,25 @@ async def test_oversized_body_without_content_length_is_413(
     assert (
         await client.put("/v1/stores/files/big", data=b"z" * 1024, headers=headers)
     ).status == 200
+
+
+@pytest.mark.parametrize("late", [False, True])
+async def test_a_body_is_written_whole_whether_it_came_at_once_or_in_late_pieces(
+    client: Client, late: bool
+) -> None:
+    grant = await take(client, "files/pieces")
+    first, second = b"a" * 1000, b"b" * 3000
+
+    async def pieces() -> Any:
+        yield first
+        await asyncio.sleep(0.05)  # the route starts before the rest comes
+        yield second
+
+    data: Any = pieces() if late else first + second
+    headers = {"X-Fencing-Token": str(grant["token"])}
+    response = await client.put("/v1/stores/files/pieces", data=data, headers=headers)
+    assert response.status == 200, await response.text()
+    assert await read(client, "files", "pieces") == (first + second).decode()
 
 
 async def test_lease_mode_needs_the_current_holder(start: Start, files_root: Path) -> None:
