@@ -244,7 +244,7 @@ def _stale_from_trigger(exc: BaseException) -> StorageError:
         return StorageError(f"refused by the in-database fencing trigger: {exc}")
 
 
-# What a call to asyncpg may raise that is ours to translate (``_storage_error``).
+# What a call to asyncpg may raise that is ours to translate (``storage_error``).
 DRIVER_ERRORS: Final = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
@@ -286,8 +286,7 @@ class _Checkout:
     """``async with store._conn() as conn``: a pooled connection, errors translated.
 
     A class rather than ``asynccontextmanager`` around ``pg_errors``: the same
-    steps, without an async generator and a generator per call on every
-    statement (a tenth of the adapter's cost per fenced PUT).
+    steps, without an async generator and a generator per call.
     """
 
     __slots__ = ("_conn", "_pool", "_store")
