@@ -1,4 +1,5 @@
-"""Request headers that must come once, and the header of every JSON answer.
+"""Request headers that must come once, a request's body, and the header of every
+JSON answer.
 
 A second copy of a header is refused, never ignored: a proxy or a client
 library that appends a header instead of replacing it sends two values; taking
@@ -18,7 +19,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import BadRequest
 
-__all__ = ["json_answer", "json_bytes", "one_header"]
+__all__ = ["json_answer", "json_bytes", "one_header", "read_body"]
 
 _JSON: Final = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json; charset=utf-8"}))
 _dumps: Final = json.dumps
@@ -53,3 +54,20 @@ def one_header(request: web.Request, name: str) -> str | None:
     if len(values) > 1:
         raise BadRequest(f"header {name} is sent {len(values)} times; send it once")
     return values[0]
+
+
+async def read_body(request: web.Request) -> bytes:
+    """``await request.read()``, without its read loop when the whole body is in.
+
+    A body that came with its head (a lock's, most writes') is taken from the stream
+    at once, held to ``client_max_size`` (the body limit: the guard answers 413) as
+    read() holds it; one still coming is read by read().
+    """
+    content = request.content
+    if not content.is_eof():  # more to come: read() waits for it
+        return await request.read()
+    raw = content.read_nowait()
+    limit = request.client_max_size
+    if limit and len(raw) > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
+    return raw

@@ -21,7 +21,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from gateway.errors import BadRequest
-from gateway.headers import json_answer, json_bytes, one_header
+from gateway.headers import json_answer, json_bytes, one_header, read_body
 from gateway.state import API_KEY, CONFIG, LOCKS, METRICS
 from lockservice import Lease, LockManager
 from lockservice.lease import EXCLUSIVE, MAX_PERMITS, MODES, validate_name
@@ -55,24 +55,8 @@ def _lock_name(request: web.Request) -> str:
     return name
 
 
-async def _body(request: web.Request) -> bytes:
-    """``await request.read()``, without its read loop when the whole body is in.
-
-    A lock's body is small and has come with its head: taken at once from the
-    request's stream, with read()'s own size limit (the guard answers 413).
-    """
-    content = request.content
-    if not content.is_eof():  # more to come: read() waits for it
-        return await request.read()
-    raw = content.read_nowait()
-    limit = request.client_max_size
-    if limit and len(raw) > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
-    return raw
-
-
 async def _json_object(request: web.Request, fields: frozenset[str]) -> dict[str, Any]:
-    raw = await _body(request)
+    raw = await read_body(request)
     if not raw.strip():
         return {}
     # json.loads(raw, parse_constant=...) without a new decoder per call; a body that

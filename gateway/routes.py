@@ -34,7 +34,7 @@ from gateway.errors import (
     UnknownStore,
 )
 from gateway.guard import add_guarded, add_unmatched
-from gateway.headers import json_answer, json_bytes, one_header
+from gateway.headers import json_answer, json_bytes, one_header, read_body
 from gateway.lock_routes import routes as lock_routes
 from gateway.openapi import openapi
 from gateway.state import CONFIG, HOT, LOCKS, METRICS, STATE, STORES, StoreEntry
@@ -173,23 +173,6 @@ def _check_length(request: web.Request, limit: int) -> None:
         raise TooLarge(length, limit)
 
 
-async def _body(request: web.Request) -> bytes:
-    """``await request.read()``, without its read loop when the whole body is in.
-
-    As the lock routes take theirs (``lock_routes._body``): a body that came with
-    its head is taken from the stream at once, held to ``client_max_size`` (the
-    body limit) as read() holds it; one still coming is read as before.
-    """
-    content = request.content
-    if not content.is_eof():  # more to come: read() waits for it
-        return await request.read()
-    raw = content.read_nowait()
-    limit = request.client_max_size
-    if limit and len(raw) > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
-    return raw
-
-
 @routes.put("/v1/stores/{store}/{key:.+}", name="store_put")
 async def put(request: web.Request) -> web.Response:
     """Write the body at the key if the token is not stale."""
@@ -198,7 +181,7 @@ async def put(request: web.Request) -> web.Response:
     token = _token(request, entry, required=True)
     scope = _scope(request, entry, key, token)
     _check_length(request, app[CONFIG].max_body_bytes)
-    body = await _body(request)  # client_max_size = the limit also stops a chunked body
+    body = await read_body(request)  # client_max_size = the limit also stops a chunked body
     if token is not None:
         await _fence(request, app, entry, scope, token)
     content_type = request.headers.get("Content-Type", DEFAULT_CONTENT_TYPE)
