@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from lockservice import scripts
 from lockservice.backend import Attempt
-from lockservice.cleanup import Cleanups
+from lockservice.cleanup import Cleanups, packed_lock_keys
 from lockservice.errors import PermitsMismatch, QuorumUnavailable
 from lockservice.fanout import Decider, Rounds
 from lockservice.handover import Handovers, Pending
@@ -26,7 +26,6 @@ from lockservice.protocol import (
     AttemptState,
     drift,
     grants_needed,
-    lock_keys,
     raise_keys,
     waiter_spec,
 )
@@ -42,6 +41,7 @@ from lockservice.replies import (
     parse_acquire,
     parse_count,
 )
+from lockservice.resp import pack_args
 from lockservice.resync import Resyncer
 
 __all__ = ["Acquirer", "found_lease", "try_decider"]
@@ -68,7 +68,7 @@ class Acquirer:
         self.nodes = list(nodes)
         self.quorum = rounds.quorum
         self._rounds = rounds
-        self._process = process
+        self._process = pack_args(process)  # ARGV[6] of acquire.lua, packed once
         self._handovers = handovers
         self._cleanups = cleanups
         self._resyncer = resyncer
@@ -104,12 +104,13 @@ class Acquirer:
         else:  # a try without waiting: this try's grants alone
             pending = Pending(name, len(self.nodes), ttl, start, spec, need=need)
         pending.nudge_due = False  # this try asks every node anyway
-        args = (lease_id, ttl_ms, ticket, KEEPALIVE_MS)
-        # ARGV[7..9] of acquire.lua default to an exclusive lease without a tag
-        kind = (mode, permits, tag) if mode != "exclusive" or tag else ()
-        keys = lock_keys(name)  # once for every node
+        # ARGV of acquire.lua: these, the node's run id, the process and (ARGV[7..9],
+        # whose defaults are an exclusive lease without a tag) the lease's kind
+        args = pack_args(lease_id, ttl_ms, ticket, KEEPALIVE_MS)  # once for every node
+        kind = (pack_args(mode, permits, tag),) if mode != "exclusive" or tag else ()
+        keys, process = packed_lock_keys(name), self._process
         futures = [
-            node.call(scripts.ACQUIRE, keys, (*args, node.run_id or "", self._process, *kind))
+            node.call_packed(scripts.ACQUIRE, keys, args, node.run_arg, process, *kind)
             for node in self.nodes
         ]
         before = pending.valid(start) if pending.grants else frozenset()

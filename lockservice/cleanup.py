@@ -18,17 +18,30 @@ from lockservice import scripts
 from lockservice.node import Node
 from lockservice.protocol import KEEPALIVE_MS, RELEASE_CHANNEL, lock_keys, raise_keys
 from lockservice.replies import Granted, parse_acquire
-from lockservice.resp import Reply
+from lockservice.resp import Packed, Reply, pack_args
 
-__all__ = ["Cleanups", "release_args", "undo_args"]
+__all__ = ["Cleanups", "packed_lock_keys", "release_args", "undo_args"]
 
 _MAX_REPLAYS = 100_000
-_Command = tuple[scripts.Script, tuple[str, ...], tuple[str, ...]]
+_Command = tuple[scripts.Script, tuple[bytes | str | int, ...], tuple[bytes | str | int, ...]]
 
 
 def release_args(lease_id: str, name: str, process: str, run_id: str) -> tuple[str, ...]:
     """ARGV of release.lua."""
-    return (lease_id, RELEASE_CHANNEL, name, process, run_id)
+    return (*_release_shared(lease_id, name, process), run_id)
+
+
+def _release_shared(lease_id: str, name: str, process: str) -> tuple[str, str, str, str]:
+    """ARGV of release.lua but the node's run id, the last: the same for every node."""
+    return (lease_id, RELEASE_CHANNEL, name, process)
+
+
+@functools.lru_cache(maxsize=1024)
+def packed_lock_keys(name: str) -> Packed:
+    """``lock_keys(name)`` packed (``pack_args``): every acquire and release of a name
+    sends them, and a name is mostly taken again soon. A pure function's cache: never
+    stale; bounded."""
+    return pack_args(*lock_keys(name))
 
 
 def undo_args(
@@ -57,27 +70,22 @@ class Cleanups:
 
     def release(self, name: str, lease_id: str, *, later: bool) -> list[asyncio.Future[Reply]]:
         """release.lua on every node, replayed where the node is down (R6, R7)."""
-        keys = lock_keys(name)  # once for every node
+        keys = packed_lock_keys(name)
+        shared = pack_args(*_release_shared(lease_id, name, self._process))  # once for all
         return [
-            self._send(
-                i,
-                scripts.RELEASE,
-                keys,
-                release_args(lease_id, name, self._process, node.run_id or ""),
-                later=later,
-            )
+            self._send(i, scripts.RELEASE, keys, shared, node.run_arg, later=later)
             for i, node in enumerate(self._nodes)
         ]
 
     def undo_any(self, name: str, lease_id: str, spec: str) -> None:
         """Undo any grant of a try without waiting, on every node (R7): a node that has
         not answered may still grant, so it is not named, and it is replayed."""
-        keys = lock_keys(name)
+        keys = packed_lock_keys(name)
         for i, node in enumerate(self._nodes):
             args = undo_args(
                 lease_id, name, self._process, node.run_id or "", ticket="", spec=spec, grant=""
             )
-            self._send(i, scripts.UNDO, keys, args, later=True)
+            self._send(i, scripts.UNDO, keys, pack_args(*args), later=True)
 
     def undo_named(
         self, name: str, lease_id: str, ticket: str, spec: str, named: dict[int, int]
@@ -85,7 +93,7 @@ class Cleanups:
         """A queued waiter's undo of the grants ``named`` (node -> token, R13), never
         replayed; ``ticket`` '' gives them up whatever the queue (R15)."""
         futures = {}
-        keys = lock_keys(name)
+        keys = packed_lock_keys(name)
         for i, token in named.items():
             node = self._nodes[i]
             args = undo_args(
@@ -97,7 +105,7 @@ class Cleanups:
                 spec=spec,
                 grant=str(token),
             )
-            futures[i] = node.call(scripts.UNDO, keys, args, later=True)
+            futures[i] = node.call_packed(scripts.UNDO, keys, pack_args(*args), later=True)
         return futures
 
     def settle_late(self, index: int, name: str, lease_id: str, granted: int, late: int) -> None:
@@ -138,22 +146,25 @@ class Cleanups:
                 node.call(script, keys, args)
 
     def _send(
+        self, index: int, script: scripts.Script, keys: Packed, *args: Packed, later: bool
+    ) -> asyncio.Future[Reply]:
+        fut = self._nodes[index].call_packed(script, keys, *args, later=later)
+        fut.add_done_callback(functools.partial(self._remember_if_down, index, script, keys, args))
+        return fut
+
+    def _remember_if_down(
         self,
         index: int,
         script: scripts.Script,
-        keys: tuple[str, ...],
-        args: tuple[str, ...],
-        *,
-        later: bool,
-    ) -> asyncio.Future[Reply]:
-        command = (script, keys, args)
-        fut = self._nodes[index].call(script, keys, args, later=later)
-        fut.add_done_callback(functools.partial(self._remember_if_down, index, command))
-        return fut
-
-    def _remember_if_down(self, index: int, command: _Command, fut: asyncio.Future[Reply]) -> None:
+        keys: Packed,
+        args: tuple[Packed, ...],
+        fut: asyncio.Future[Reply],
+    ) -> None:
         if isinstance(fut.result(), ConnectionError):
             replays = self._replays[index]
             if len(replays) >= _MAX_REPLAYS:
                 replays.pop(next(iter(replays)))
-            replays[command] = asyncio.get_running_loop().time()
+            values: tuple[bytes | str | int, ...] = ()
+            for arg in args:
+                values += arg.values
+            replays[script, keys.values, values] = asyncio.get_running_loop().time()

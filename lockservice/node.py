@@ -28,10 +28,13 @@ from lockservice import scripts
 from lockservice.protocol import QUARANTINE_KEY, SYNCED_KEY
 from lockservice.resp import (
     Connection,
+    Packed,
     Reply,
     Retry,
     is_failure,
     open_connection,
+    pack_args,
+    pack_call,
     pack_command,
     pack_script,
 )
@@ -142,6 +145,7 @@ class Node:
         self.label = address.label
         self.timeout = timeout
         self.run_id: str | None = None
+        self.run_arg = _NO_RUN_ID  # run_id packed (``call_packed``), set with it
         self._channels = channels
         self._inbox = inbox
         self._conn: Connection | None = None
@@ -214,7 +218,7 @@ class Node:
     def call(
         self,
         script: scripts.Script,
-        keys: Sequence[bytes | str],
+        keys: Sequence[bytes | str | int],
         args: Sequence[bytes | str | int],
         *,
         later: bool = False,
@@ -244,6 +248,27 @@ class Node:
             pack_script(b"EVALSHA", script.sha, keys, args),
             later=later or self.batch_writes,
             noscript=(script, keys, args, False),
+        )
+
+    def call_packed(
+        self, script: scripts.Script, keys: Packed, *args: Packed, later: bool = False
+    ) -> asyncio.Future[Reply]:
+        """``call`` of keys and arguments packed already (``pack_args``): what a fan-out
+        shares (the name's keys, a lease id) packed once for every node, and what every
+        command to this node repeats (its ``run_arg``) packed once for all of them."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return self._unsent()
+        values: tuple[bytes | str | int, ...] = ()
+        for arg in args:
+            values += arg.values
+        fcall = conn.load_library is not None
+        return conn.send_packed(
+            pack_call(b"FCALL", script.function, keys, *args)
+            if fcall
+            else pack_call(b"EVALSHA", script.sha, keys, *args),
+            later=later or self.batch_writes,
+            noscript=(script, keys.values, values, fcall),
         )
 
     def _failed(self, reason: str) -> None:
@@ -314,6 +339,7 @@ class Node:
         if restarted:
             log.warning("redis node %s restarted (run_id changed): resyncing it", self.label)
         self.run_id = run_id
+        self.run_arg = pack_args(run_id or "")
         self._use_functions(conn, _info_field(server, "redis_version"), loaded, called)
         self._conn = conn
         if report:
@@ -399,6 +425,7 @@ class Node:
                 backoff = min(backoff * 2, 1.0)
 
 
+_NO_RUN_ID: Final = pack_args("")  # the run_id argument of a node never connected
 # FUNCTION LOAD without REPLACE: a library of this name holds this very code.
 _LOAD_LIBRARY: Final = pack_command(b"FUNCTION", b"LOAD", scripts.LIBRARY)
 # state.lua, read only (`no-writes`), as the probe that FCALL is allowed.

@@ -19,7 +19,7 @@ import collections
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import hiredis
 
@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Connection",
+    "Packed",
     "Reply",
     "ReplyError",
     "Retry",
     "is_failure",
     "open_connection",
+    "pack_args",
+    "pack_call",
     "pack_command",
     "pack_script",
 ]
@@ -68,13 +71,13 @@ def _body(args: tuple[bytes | str | int, ...]) -> bytes:
 # fan-out rather than once per node. hiredis formats every argument with sprintf:
 # packing is most of the client's own work for a command. One tuple, replaced whole:
 # a loop in another thread sees an old entry or a new one, never half.
-_last_head: tuple[bytes, tuple[bytes | str, ...], bytes, bytes] = (b"", (), b"", b"")
+_last_head: tuple[bytes, tuple[bytes | str | int, ...], bytes, bytes] = (b"", (), b"", b"")
 
 
 def pack_script(
     command: bytes,
     name: bytes,
-    keys: tuple[bytes | str, ...],
+    keys: tuple[bytes | str | int, ...],
     args: tuple[bytes | str | int, ...],
 ) -> bytes:
     """``command name len(keys) *keys *args`` packed as RESP, as ``hiredis.pack_command``.
@@ -96,11 +99,50 @@ def pack_script(
     return b"*%d\r\n" % (3 + len(keys)) + head
 
 
+class Packed(NamedTuple):
+    """Arguments packed once, to go into many commands (``pack_call``): the nodes of a
+    fan-out get the same lease id and ttl, every command to a node its run id, every
+    command on a name that name's keys. ``body``: their RESP bulk strings as
+    ``hiredis.pack_command`` packs them (no ``*<count>`` line); ``values``: what they
+    are, for a command sent again when the node misses the script (``Retry``)."""
+
+    values: tuple[bytes | str | int, ...]
+    body: bytes
+
+
+def pack_args(*values: bytes | str | int) -> Packed:
+    """``values`` packed once (``Packed``)."""
+    return Packed(values, _body(values))
+
+
+# ``command name numkeys`` per script and key count (a few dozen at most), packed once:
+# the start of every script command. A dict of a pure function: never stale.
+_calls: dict[tuple[bytes, bytes, int], bytes] = {}
+
+
+def pack_call(command: bytes, name: bytes, keys: Packed, *args: Packed) -> bytes:
+    """``pack_script`` of arguments packed already: only the count and a join per call.
+
+    hiredis formats every argument with sprintf, and packing was the largest part of
+    the client's own work for a command; what repeats is packed once (``Packed``)."""
+    nkeys = len(keys.values)
+    start = _calls.get((command, name, nkeys))
+    if start is None:
+        start = _calls[command, name, nkeys] = _body((command, name, nkeys))
+    count = 3 + nkeys
+    parts = [b"", start, keys.body]
+    for arg in args:
+        count += len(arg.values)
+        parts.append(arg.body)
+    parts[0] = b"*%d\r\n" % count
+    return b"".join(parts)
+
+
 # What to send when the script is missing on the node, built only then: the script,
 # its keys and arguments, and whether the command was an FCALL to send again after
 # the library's load (else, and when that load was refused: EVAL of its source).
 Retry: TypeAlias = (
-    "tuple[Script, tuple[bytes | str, ...], tuple[bytes | str | int, ...], bool] | None"
+    "tuple[Script, tuple[bytes | str | int, ...], tuple[bytes | str | int, ...], bool] | None"
 )
 _MISSING_FUNCTION = "ERR Function not found"
 
@@ -163,7 +205,7 @@ class Connection(asyncio.Protocol):
     def _resend(
         self,
         fut: asyncio.Future[Reply],
-        retry: tuple[Script, tuple[bytes | str, ...], tuple[bytes | str | int, ...], bool],
+        retry: tuple[Script, tuple[bytes | str | int, ...], tuple[bytes | str | int, ...], bool],
         error: ReplyError,
     ) -> bool:
         """Run a script the node is missing (restarted, flushed, a replica promoted)

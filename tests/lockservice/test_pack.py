@@ -9,7 +9,7 @@ import pytest
 
 from lockservice import LockManager
 from lockservice.protocol import lock_key
-from lockservice.resp import pack_script
+from lockservice.resp import pack_args, pack_call, pack_script
 from tests._servers import RedisNode
 
 SHA_A = b"a" * 40
@@ -52,11 +52,34 @@ def test_a_packed_script_is_what_hiredis_packs(
         )
 
 
-async def test_a_fan_out_packs_the_script_and_keys_once_for_every_node(
+@pytest.mark.parametrize(
+    ("keys", "parts"),
+    [
+        (("lock:{n}", "fence:{n}"), (("0123abcd", 10000, "", 30000), ("run",), ("proc",))),
+        (("lock:{é/ü}",), (("ünïcode", b"\x00\r\n\xff"), (-1, 0, 2**63 - 1))),
+        ((), ()),
+        (("k",), ((),)),
+        ((), (("only", "args"),)),
+    ],
+)
+def test_a_script_of_packed_parts_is_what_hiredis_packs(
+    keys: tuple[str, ...], parts: tuple[tuple[bytes | str | int, ...], ...]
+) -> None:
+    args = tuple(a for part in parts for a in part)
+    packed = [pack_args(*part) for part in parts]
+    for command, name in ((b"EVALSHA", SHA_A), (b"FCALL", SHA_B), (b"EVALSHA", SHA_A)):
+        expected = _hiredis((command, name, len(keys), *keys, *args))
+        assert pack_call(command, name, pack_args(*keys), *packed) == expected
+        assert pack_call(command, name, pack_args(*keys), *packed) == expected  # cached start
+        assert pack_args(*keys).values == keys
+
+
+async def test_a_fan_out_packs_what_its_nodes_share_once(
     redis3: list[RedisNode], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An acquire and a release of a handle each send one script with the same keys to
-    the three nodes: the lock's key is formatted once per fan-out, not once per node."""
+    """An acquire and a release of a handle each send one script to the three nodes:
+    the lease id is packed once per fan-out, the name's keys once for its cycles, and
+    the nodes' run ids once per connect."""
     mgr = await LockManager.connect([n.url for n in redis3])
     try:
         # Connected, scripts loaded, and the name's counters equal on every node: the nodes
@@ -76,7 +99,10 @@ async def test_a_fan_out_packs_the_script_and_keys_once_for_every_node(
         lease = await mgr.acquire("pack/a", ttl=10.0)
         await mgr.release(LockManager.handle(lease.name, lease.lease_id))
         monkeypatch.setattr(hiredis, "pack_command", real)
-        assert packed.count(lock_key("pack/a")) == 2  # acquire.lua, release.lua: once each
-        assert packed.count(lease.lease_id) == 6  # the arguments: once per node
+        assert packed.count(lease.lease_id) == 2  # acquire.lua, release.lua: once each
+        assert lock_key("pack/a") not in packed  # packed at the name's first cycle
+        run_ids = {node.run_id for node in mgr.backend.nodes}  # type: ignore[attr-defined]
+        assert len(run_ids) == 3
+        assert not run_ids & set(packed)
     finally:
         await mgr.close()
