@@ -164,7 +164,5 @@ class Cleanups:
             replays = self._replays[index]
             if len(replays) >= _MAX_REPLAYS:
                 replays.pop(next(iter(replays)))
-            values: tuple[bytes | str | int, ...] = ()
-            for arg in args:
-                values += arg.values
+            values = tuple(value for arg in args for value in arg.values)
             replays[script, keys.values, values] = asyncio.get_running_loop().time()

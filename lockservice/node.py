@@ -36,6 +36,7 @@ from lockservice.resp import (
     pack_args,
     pack_call,
     pack_command,
+    pack_keys,
     pack_script,
 )
 
@@ -231,24 +232,9 @@ class Node:
         connection goes on by EVALSHA), EVALSHA answered NOSCRIPT becomes EVAL.
         ``later``: see ``Connection.send``; with ``batch_writes`` every call is
         ``later``. The nodes of a fan-out share one ``keys`` tuple: packed once for
-        all of them (``pack_script``).
+        all of them (``pack_keys``); ``call_packed`` packs what else they share once.
         """
-        conn = self._conn
-        if conn is None or conn.closed:
-            return self._unsent()
-        keys = keys if isinstance(keys, tuple) else tuple(keys)
-        args = args if isinstance(args, tuple) else tuple(args)
-        if conn.load_library is not None:
-            return conn.send_packed(
-                pack_script(b"FCALL", script.function, keys, args),
-                later=later or self.batch_writes,
-                noscript=(script, keys, args, True),
-            )
-        return conn.send_packed(
-            pack_script(b"EVALSHA", script.sha, keys, args),
-            later=later or self.batch_writes,
-            noscript=(script, keys, args, False),
-        )
+        return self.call_packed(script, pack_keys(keys), pack_args(*args), later=later)
 
     def call_packed(
         self, script: scripts.Script, keys: Packed, *args: Packed, later: bool = False
@@ -259,16 +245,13 @@ class Node:
         conn = self._conn
         if conn is None or conn.closed:
             return self._unsent()
-        values: tuple[bytes | str | int, ...] = ()
-        for arg in args:
-            values += arg.values
         fcall = conn.load_library is not None
         return conn.send_packed(
             pack_call(b"FCALL", script.function, keys, *args)
             if fcall
             else pack_call(b"EVALSHA", script.sha, keys, *args),
             later=later or self.batch_writes,
-            noscript=(script, keys.values, values, fcall),
+            noscript=(script, keys, args, fcall),
         )
 
     def _failed(self, reason: str) -> None:

@@ -18,7 +18,7 @@ import asyncio
 import collections
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import hiredis
@@ -37,6 +37,7 @@ __all__ = [
     "pack_args",
     "pack_call",
     "pack_command",
+    "pack_keys",
     "pack_script",
 ]
 
@@ -65,15 +66,6 @@ def _body(args: tuple[bytes | str | int, ...]) -> bytes:
     return packed[packed.index(b"\r\n") + 2 :]
 
 
-# The last (script name, keys, packed head, command): the nodes of one fan-out get one
-# script with the same keys (one tuple, built once per fan-out) and arguments that may
-# differ (a node's run id), so the part before the arguments is packed once per
-# fan-out rather than once per node. hiredis formats every argument with sprintf:
-# packing is most of the client's own work for a command. One tuple, replaced whole:
-# a loop in another thread sees an old entry or a new one, never half.
-_last_head: tuple[bytes, tuple[bytes | str | int, ...], bytes, bytes] = (b"", (), b"", b"")
-
-
 def pack_script(
     command: bytes,
     name: bytes,
@@ -83,20 +75,9 @@ def pack_script(
     """``command name len(keys) *keys *args`` packed as RESP, as ``hiredis.pack_command``.
 
     ``command``: EVALSHA (``name`` the script's SHA1) or FCALL (its function's name).
+    What the nodes of a fan-out share is packed once for all: ``pack_call``.
     """
-    global _last_head
-    last = _last_head
-    if last[1] is keys and last[0] is name and last[3] is command:
-        head = last[2]
-    else:
-        head = _body((command, name, len(keys), *keys))
-        _last_head = (name, keys, head, command)
-    if args:  # _body(args), inline: a call fewer per command
-        packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]
-        return b"".join(
-            (b"*%d\r\n" % (3 + len(keys) + len(args)), head, packed[packed.index(b"\r\n") + 2 :])
-        )
-    return b"*%d\r\n" % (3 + len(keys)) + head
+    return _pack((command, name, len(keys), *keys, *args))
 
 
 class Packed(NamedTuple):
@@ -113,6 +94,24 @@ class Packed(NamedTuple):
 def pack_args(*values: bytes | str | int) -> Packed:
     """``values`` packed once (``Packed``)."""
     return Packed(values, _body(values))
+
+
+# The last keys ``pack_keys`` packed: the nodes of a fan-out get one tuple of keys, built
+# once per fan-out. One tuple, replaced whole: a loop in another thread sees an old
+# entry or a new one, never half.
+_last_keys: tuple[tuple[bytes | str | int, ...], Packed] = ((), Packed((), b""))
+
+
+def pack_keys(keys: Sequence[bytes | str | int]) -> Packed:
+    """``pack_args(*keys)``, once for a fan-out that passes every node one tuple."""
+    global _last_keys
+    last = _last_keys
+    if last[0] is keys:
+        return last[1]
+    packed = pack_args(*keys)
+    if type(keys) is tuple:  # immutable: the same object is the same keys
+        _last_keys = (keys, packed)
+    return packed
 
 
 # ``command name numkeys`` per script and key count (a few dozen at most), packed once:
@@ -141,9 +140,7 @@ def pack_call(command: bytes, name: bytes, keys: Packed, *args: Packed) -> bytes
 # What to send when the script is missing on the node, built only then: the script,
 # its keys and arguments, and whether the command was an FCALL to send again after
 # the library's load (else, and when that load was refused: EVAL of its source).
-Retry: TypeAlias = (
-    "tuple[Script, tuple[bytes | str | int, ...], tuple[bytes | str | int, ...], bool] | None"
-)
+Retry: TypeAlias = "tuple[Script, Packed, tuple[Packed, ...], bool] | None"
 _MISSING_FUNCTION = "ERR Function not found"
 
 _Pending: TypeAlias = "tuple[asyncio.Future[Reply], float, Retry]"
@@ -205,7 +202,7 @@ class Connection(asyncio.Protocol):
     def _resend(
         self,
         fut: asyncio.Future[Reply],
-        retry: tuple[Script, tuple[bytes | str | int, ...], tuple[bytes | str | int, ...], bool],
+        retry: tuple[Script, Packed, tuple[Packed, ...], bool],
         error: ReplyError,
     ) -> bool:
         """Run a script the node is missing (restarted, flushed, a replica promoted)
@@ -226,11 +223,11 @@ class Connection(asyncio.Protocol):
             # "already exists" when another call's miss loaded it first: the same code
             self._pending.append((self._library_load, now, None))
             self._pending.append((fut, now, (script, keys, args, False)))
-            self._write(self.load_library + pack_script(b"FCALL", script.function, keys, args))
+            self._write(self.load_library + pack_call(b"FCALL", script.function, keys, *args))
             return True
         self._pending.append((fut, now, None))
         # EVAL runs the source (and caches it for EVALSHA)
-        self._write(_pack((b"EVAL", script.source, len(keys), *keys, *args)))
+        self._write(pack_call(b"EVAL", script.source, keys, *args))
         return True
 
     def _library_loaded(self, reply: Reply) -> None:

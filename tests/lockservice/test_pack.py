@@ -1,4 +1,4 @@
-"""Script commands are packed as hiredis packs them, the fan-out's shared part once."""
+"""Script commands are packed as hiredis packs them, what a fan-out shares once."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _hiredis(args: tuple[bytes | str | int, ...]) -> bytes:
 def test_a_packed_script_is_what_hiredis_packs(
     keys: tuple[str, ...], args: tuple[bytes | str | int, ...]
 ) -> None:
-    # the cached part changes with the script or the command, and back
+    # the script or the command changes, and back
     for command, name in (
         (b"EVALSHA", SHA_A),
         (b"EVALSHA", SHA_B),
