@@ -133,7 +133,7 @@ class Acquirer:
                 mismatched.append(reply.permits)
             elif isinstance(reply, Unsynced) or (isinstance(reply, Quarantined) and not reply.pttl):
                 self._resyncer.schedule(self.nodes[i])  # a resync, or its second copy (R21)
-        found = found_lease(tagged, self.quorum, start, loop.time())
+        found = found_lease(tagged, self.quorum, start, loop.time()) if tagged else None
         if found is not None or len(mismatched) >= self.quorum:
             # R26: the lease of the tag answers; R22: semaphore holders of other permits.
             # The grants this try got (there may be some) are undone by the caller.

@@ -27,9 +27,10 @@ T = TypeVar("T")
 Decider = Callable[[Sequence[T | None]], bool]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: its __init__ would cost 4x, twice per lock cycle
 class Round(Generic[T]):
-    """What each node answered when the round was decided (None: not yet)."""
+    """What each node answered when the round was decided (None: not yet); never
+    changed once made."""
 
     labels: tuple[str, ...]
     replies: tuple[T | None, ...]

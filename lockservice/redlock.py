@@ -22,7 +22,7 @@ from lockservice.backend import Attempt, Readiness
 from lockservice.cleanup import Cleanups
 from lockservice.errors import LeaseLost, PermitsMismatch, QuorumUnavailable
 from lockservice.events import LockEvents
-from lockservice.fanout import Rounds
+from lockservice.fanout import Decider, Rounds
 from lockservice.handover import Handovers
 from lockservice.health import Health
 from lockservice.lease import LockInfo
@@ -104,6 +104,7 @@ class Redlock:
         ]
         self._rounds = Rounds(labels, node_timeout=node_timeout, events=events)
         self.quorum = self._rounds.quorum
+        self._released: Decider[int | Failure] = self._rounds.decider(_one)  # every release
         self.health = Health(labels, events)
         self._cleanups = Cleanups(self.nodes, self._process, horizon=max_ttl)
         grace = max(_HANDOVER_GRACE, node_timeout / 10)
@@ -304,8 +305,7 @@ class Redlock:
         futures = self._cleanups.release(name, lease_id, later=not confirm)
         if not confirm:
             return True
-        decided = self._rounds.decider(_one)
-        rnd = await self._rounds.run(futures, parse_count, decided)
+        rnd = await self._rounds.run(futures, parse_count, self._released)
         if rnd.count(_zero) > len(self.nodes) - self.quorum:
             return False
         if rnd.count(_answered) < self.quorum:
@@ -389,7 +389,7 @@ def _positive(reply: int | Failure) -> bool:
     return isinstance(reply, int) and reply > 0
 
 
-def _one(reply: int | Failure) -> bool:
+def _one(reply: object) -> bool:
     return reply == 1
 
 

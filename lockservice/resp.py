@@ -19,7 +19,7 @@ import collections
 import logging
 import ssl
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
 
 import hiredis
 
@@ -133,8 +133,11 @@ def pack_call(command: bytes, name: bytes, keys: Packed, *args: Packed) -> bytes
     for arg in args:
         count += len(arg.values)
         parts.append(arg.body)
-    parts[0] = b"*%d\r\n" % count
+    parts[0] = _COUNTS[count] if count < len(_COUNTS) else b"*%d\r\n" % count
     return b"".join(parts)
+
+
+_COUNTS: Final = tuple(b"*%d\r\n" % n for n in range(32))  # a command's first line
 
 
 # What to send when the script is missing on the node, built only then: the script,
