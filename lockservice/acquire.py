@@ -41,7 +41,7 @@ from lockservice.replies import (
     parse_acquire,
     parse_count,
 )
-from lockservice.resp import pack_args
+from lockservice.resp import Packed, pack_args, pack_str
 from lockservice.resync import Resyncer
 
 __all__ = ["Acquirer", "found_lease", "try_decider"]
@@ -104,13 +104,15 @@ class Acquirer:
         else:  # a try without waiting: this try's grants alone
             pending = Pending(name, len(self.nodes), ttl, start, spec, need=need)
         pending.nudge_due = False  # this try asks every node anyway
-        # ARGV of acquire.lua: these, the node's run id, the process and (ARGV[7..9],
-        # whose defaults are an exclusive lease without a tag) the lease's kind
-        args = pack_args(lease_id, ttl_ms, ticket, KEEPALIVE_MS)  # once for every node
+        # ARGV of acquire.lua: the lease id, ttl, ticket and keep-alive, the node's run
+        # id, the process and (ARGV[7..9], whose defaults are an exclusive lease without
+        # a tag) the lease's kind; what the nodes share is packed once for all of them
+        lease = pack_str(lease_id)
+        timing = pack_args(ttl_ms, ticket, KEEPALIVE_MS) if ticket else _try_args(ttl_ms)
         kind = (pack_args(mode, permits, tag),) if mode != "exclusive" or tag else ()
         keys, process = packed_lock_keys(name), self._process
         futures = [
-            node.call_packed(scripts.ACQUIRE, keys, args, node.run_arg, process, *kind)
+            node.call_packed(scripts.ACQUIRE, keys, lease, timing, node.run_arg, process, *kind)
             for node in self.nodes
         ]
         before = pending.valid(start) if pending.grants else frozenset()
@@ -272,6 +274,13 @@ def try_decider(before: frozenset[int], need: int) -> Decider[AcquireReply]:
         return granted + held >= q or granted + held + pending < q or pending == 0
 
     return decided
+
+
+@functools.lru_cache(maxsize=256)
+def _try_args(ttl_ms: int) -> Packed:
+    """ARGV[2..4] of acquire.lua for a try without waiting (no ticket), packed: the
+    same for every such try with this ttl. A pure function's cache: never stale."""
+    return pack_args(ttl_ms, "", KEEPALIVE_MS)
 
 
 def _is_granted(reply: AcquireReply) -> bool:

@@ -18,7 +18,7 @@ from lockservice import scripts
 from lockservice.node import Node
 from lockservice.protocol import KEEPALIVE_MS, RELEASE_CHANNEL, lock_keys, raise_keys
 from lockservice.replies import Granted, parse_acquire
-from lockservice.resp import Packed, Reply, pack_args
+from lockservice.resp import Packed, Reply, pack_args, pack_str
 
 __all__ = ["Cleanups", "packed_lock_keys", "release_args", "undo_args"]
 
@@ -28,12 +28,19 @@ _Command = tuple[scripts.Script, tuple[bytes | str | int, ...], tuple[bytes | st
 
 def release_args(lease_id: str, name: str, process: str, run_id: str) -> tuple[str, ...]:
     """ARGV of release.lua."""
-    return (*_release_shared(lease_id, name, process), run_id)
+    return (lease_id, *_release_rest(name, process), run_id)
 
 
-def _release_shared(lease_id: str, name: str, process: str) -> tuple[str, str, str, str]:
-    """ARGV of release.lua but the node's run id, the last: the same for every node."""
-    return (lease_id, RELEASE_CHANNEL, name, process)
+def _release_rest(name: str, process: str) -> tuple[str, str, str]:
+    """ARGV[2..4] of release.lua: the same for every release of ``name`` here."""
+    return (RELEASE_CHANNEL, name, process)
+
+
+@functools.lru_cache(maxsize=1024)
+def _packed_release_rest(name: str, process: str) -> Packed:
+    """``_release_rest`` packed: a name is mostly released again soon. A pure
+    function's cache: never stale; bounded."""
+    return pack_args(*_release_rest(name, process))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -71,9 +78,10 @@ class Cleanups:
     def release(self, name: str, lease_id: str, *, later: bool) -> list[asyncio.Future[Reply]]:
         """release.lua on every node, replayed where the node is down (R6, R7)."""
         keys = packed_lock_keys(name)
-        shared = pack_args(*_release_shared(lease_id, name, self._process))  # once for all
+        # release_args, what every node shares packed once for all of them
+        lease, rest = pack_str(lease_id), _packed_release_rest(name, self._process)
         return [
-            self._send(i, scripts.RELEASE, keys, shared, node.run_arg, later=later)
+            self._send(i, scripts.RELEASE, keys, lease, rest, node.run_arg, later=later)
             for i, node in enumerate(self._nodes)
         ]
 
