@@ -245,7 +245,8 @@ class LockManager(SemaphoreAPI):
         unavailable: QuorumUnavailable | None = None  # why the last try failed, if it did
         try:
             while True:
-                woken = backend.waiters.register(name, lease_id)  # before the try
+                # before the try; a try without waiting (wait 0: no ticket) never sleeps
+                woken = backend.waiters.register(name, lease_id) if ticket else None
                 try:
                     try:
                         attempt = await backend.try_acquire(
@@ -289,13 +290,15 @@ class LockManager(SemaphoreAPI):
                     if attempt.retry_after > 0:
                         sleep = min(sleep, attempt.retry_after + 0.001)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
+                    assert woken is not None  # time left to wait: a ticket
                     timer = loop.call_later(sleep, _wake_up, woken)
                     try:
                         await woken  # a release of this name, or the timer
                     finally:
                         timer.cancel()
                 finally:
-                    backend.waiters.unregister(name, lease_id)
+                    if ticket:
+                        backend.waiters.unregister(name, lease_id)
                     if resynced and not ticket and not retried:
                         # R7: the failed try's undo names no grant and may still run late
                         # (replayed, or stuck in a dropped socket): the retry is a new lease.

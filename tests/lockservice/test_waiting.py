@@ -124,6 +124,38 @@ async def test_release_between_failed_try_and_sleep_is_not_missed(
         await mgr.close()
 
 
+async def test_only_a_try_that_may_wait_registers_for_wake_ups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A try without waiting never sleeps: nothing to wake; one with a wait registers
+    before it tries (see above), and leaves no registration behind."""
+    mgr = await LockManager.connect([])
+    try:
+        backend = mgr.backend
+        real_try = backend.try_acquire
+        registered: list[int] = []
+
+        async def counting(
+            name: str, lease_id: str, ttl: float, ticket: str, **kind: Any
+        ) -> Attempt:
+            registered.append(len(backend.waiters))
+            return await real_try(name, lease_id, ttl, ticket, **kind)
+
+        monkeypatch.setattr(backend, "try_acquire", counting)
+        holder = await mgr.acquire("wait/reg", ttl=30.0)
+        with pytest.raises(LockHeld):
+            await mgr.acquire("wait/reg", ttl=1.0)
+        with pytest.raises(LockHeld):
+            await mgr.acquire("wait/reg", ttl=1.0, wait=0.05)
+        assert registered[:2] == [0, 0]
+        assert registered[2:]
+        assert all(n == 1 for n in registered[2:])
+        assert len(backend.waiters) == 0
+        await mgr.release(holder)
+    finally:
+        await mgr.close()
+
+
 async def test_wait_bounds_the_total_time(redis3: list[RedisNode]) -> None:
     mgr = await LockManager.connect([n.url for n in redis3])
     try:
