@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -232,6 +233,7 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
             node.stop()
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await conn.close()
+        shutil.rmtree(workdir, ignore_errors=True)  # --keep holds the dumps asked for
 
 
 def cli() -> None:
