@@ -18,6 +18,16 @@ per case, so that counts compare:
     .venv/bin/python -m benchmarks.gateway_cost --roots /tmp/base . --mode cpu --rounds 6
 
 Printed, one line per case and checkout, and the ratio of each to the first.
+
+``--overhead`` also measures, the same way, the two baselines of the HTTP-overhead
+ratio of ``benchmarks.gateway`` for the lock cases: the bare aiohttp app
+(``benchmarks.gateway.BARE``, one process for all checkouts) serving the same two
+requests, and each checkout's in-process ``LockManager`` cycle (``INPROC``, a process
+started in that checkout: the lock service's own cost, no HTTP), and prints gateway /
+(bare + in-process) per lock case and checkout: in callgrind mode, the ratio in
+instructions, which a busy machine does not move.
+
+    .venv/bin/python -m benchmarks.gateway_cost --roots . --overhead --cases one_client 32_clients
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import asyncpg
 import uvloop
 
 from benchmarks.gateway import (
+    BARE,
     LOCK_BODY,
     PG_DSN,
     Case,
@@ -49,11 +60,106 @@ from benchmarks.gateway import (
     config_toml,
     http_lock_case,
     http_put_case,
+    proc_cpu,
 )
 from tests._servers import RedisNode, free_port
 
 CASES: Final = ("one_client", "32_clients", "put_pg")
 _TOTALS: Final = re.compile(rb"^totals:\s*(\d+)", re.M)
+_LOCK_CASES: Final = {"one_client": 1, "32_clients": 32}
+
+# ``python -c INPROC NODE_TIMEOUT URL...``: benchmarks.gateway's "in-process, the gateway's
+# calls" (acquire, then release of a handle), driven from stdin: a line "WORKERS N" runs N
+# cycles split over WORKERS tasks and answers "done"; it answers "ready" once connected.
+# The loop blocks on stdin between runs: nothing is measured then.
+INPROC: Final = """
+import asyncio, sys
+import uvloop
+from lockservice import LockManager
+async def main():
+    mgr = await LockManager.connect(sys.argv[2:], node_timeout=float(sys.argv[1]))
+    async def cycles(name, n):
+        for _ in range(n):
+            lease = await mgr.acquire(name, ttl=10.0, wait=0.0)
+            await mgr.release(LockManager.handle(lease.name, lease.lease_id))
+    print("ready", flush=True)
+    try:
+        while line := sys.stdin.readline().split():
+            workers, n = int(line[0]), int(line[1])
+            names = ["bench/one"] if workers == 1 else [f"bench/w{i}" for i in range(workers)]
+            per = [n // workers + (i < n % workers) for i in range(workers)]
+            await asyncio.gather(*(cycles(names[i], k) for i, k in enumerate(per)))
+            print("done", flush=True)
+    finally:
+        await mgr.close()
+uvloop.run(main())
+"""
+
+
+def _grind_argv(workdir: Path, name: str, argv: list[str]) -> list[str]:
+    out = workdir / f"callgrind-{name}.out"
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={out}", *argv]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def spawn_bare(workdir: Path, grind: bool) -> Gateway:
+    """benchmarks.gateway's bare aiohttp app, under callgrind if ``grind``."""
+    port = free_port()
+    log = workdir / "gateway-bare.log"
+    argv = [sys.executable, "-c", BARE, str(port)]
+    if grind:
+        argv = _grind_argv(workdir, "bare", argv)
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(argv, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+    return Gateway("bare", proc, f"http://127.0.0.1:{port}", log, metrics=False)
+
+
+class InProc:
+    """One checkout's ``INPROC`` process (under callgrind if ``grind``)."""
+
+    def __init__(self, root: Path, name: str, workdir: Path, redis: list[str], grind: bool):
+        self.name = name
+        argv = [sys.executable, "-c", INPROC, "20" if grind else "0.2", *redis]
+        if grind:
+            argv = _grind_argv(workdir, name, argv)
+        with open(workdir / f"inproc-{name}.log", "wb") as log:  # valgrind's own lines
+            self.proc = subprocess.Popen(argv, cwd=root, env=_env(), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+
+    def _expect(self, word: str) -> None:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if line.strip() != word:
+            raise RuntimeError(
+                f"{self.name}: expected {word!r}, got {line!r} (exit {self.proc.poll()})"
+            )
+
+    def ready(self) -> None:
+        self._expect("ready")
+
+    def run(self, workers: int, ops: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{workers} {ops}\n")
+        self.proc.stdin.flush()
+        self._expect("done")
+
+    def cpu_seconds(self) -> float:
+        return proc_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()  # an empty line: it closes its manager and ends
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
 
 def spawn(root: Path, name: str, workdir: Path, redis: list[str], stores: Any, grind: bool) -> Any:
@@ -66,13 +172,9 @@ def spawn(root: Path, name: str, workdir: Path, redis: list[str], stores: Any, g
     log = workdir / f"gateway-{name}.log"
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
     if grind:
-        out = workdir / f"callgrind-{name}.out"
-        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                f"--callgrind-out-file={out}", *argv]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
-    env.pop("PYTHONPATH", None)
+        argv = _grind_argv(workdir, name, argv)
     with open(log, "wb") as f:
-        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=root, env=_env(), stdout=f, stderr=subprocess.STDOUT)
     return Gateway(name, proc, f"http://127.0.0.1:{port}", log)
 
 
@@ -148,6 +250,40 @@ def make_case(kind: str, http: aiohttp.ClientSession, gw: Gateway, body: bytes) 
     return http_put_case(kind, http, gw, "pg", body, fenced=True, ttl_ms=300_000)
 
 
+def _meter(
+    grind: bool, workdir: Path, name: str, pid: int, cpu: Callable[[], float], keep: Path | None
+) -> tuple[Callable[[], Any], Callable[[], float]]:
+    """What to call before and after the measured ops of one process: instructions
+    (callgrind, dumped to ``keep`` if given) or CPU microseconds."""
+    if grind:
+
+        def before() -> None:
+            _dump_total(workdir, name, pid)
+            _control(pid, "-i", "on")
+
+        def after() -> float:
+            _control(pid, "-i", "off")
+            return float(_dump_total(workdir, name, pid, keep))
+
+        return before, after
+    box: list[float] = []
+    return (lambda: box.append(cpu())), (lambda: (cpu() - box[0]) * 1e6)
+
+
+async def measure_inproc(
+    proc: InProc,
+    workers: int,
+    ops: int,
+    warm: int,
+    before: Callable[[], Any],
+    after: Callable[[], float],
+) -> float:
+    await asyncio.to_thread(proc.run, workers, warm)
+    await asyncio.to_thread(before)
+    await asyncio.to_thread(proc.run, workers, ops)
+    return await asyncio.to_thread(after)
+
+
 async def main(args: argparse.Namespace, roots: list[Path]) -> None:
     grind = args.mode == "callgrind"
     workdir = Path(tempfile.mkdtemp(prefix="fencegate-gwcost-"))
@@ -156,7 +292,9 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
     body = bytes(i % 251 for i in range(256))
     conn = await asyncpg.connect(PG_DSN)
     gws: list[Gateway] = []
+    inprocs: list[InProc] = []
     closers: list[Callable[[], Awaitable[Any]]] = []
+    overhead = args.overhead and any(kind in _LOCK_CASES for kind in args.cases)
     try:
         await conn.execute(f'CREATE SCHEMA "{schema}"')
         for node in nodes:
@@ -169,9 +307,14 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
         http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600))
         closers.append(http.close)
         for i, root in enumerate(roots):
-            gw = spawn(root, f"g{i}", workdir, redis, stores, grind)
-            gws.append(gw)
-        for gw in gws:
+            gws.append(spawn(root, f"g{i}", workdir, redis, stores, grind))
+        bare = spawn_bare(workdir, grind) if overhead else None
+        if overhead:
+            for i, root in enumerate(roots):
+                inprocs.append(InProc(root, f"p{i}", workdir, redis, grind))
+            for proc in inprocs:
+                await asyncio.wait_for(asyncio.to_thread(proc.ready), 600)
+        for gw in gws + ([bare] if bare else []):
             await ready(http, gw, 600.0 if grind else 60.0)
         # the gateways' first requests (a name's first lock, the store's table) before any count
         for gw in gws:
@@ -179,7 +322,15 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
                 lease = json.loads(await r.read())["lease_id"]
             async with http.delete(f"{gw.url}/v1/locks/warm", headers={"X-Lease-Id": lease}):
                 pass
-        results: dict[tuple[str, int], list[float]] = {}
+        results: dict[tuple[str, str], list[float]] = {}
+
+        def keep(kind: str, who: str) -> Path | None:
+            return None if args.keep is None else Path(args.keep) / f"{kind}-{who}.out"
+
+        def note(kind: str, who: str, label: str, total: float, ops: int) -> None:
+            results.setdefault((kind, who), []).append(total / ops)
+            print(f"round {rnd} {kind} {label}: {total / ops:,.0f}", flush=True)
+
         for rnd in range(args.rounds):
             order = list(range(len(gws)))
             if rnd % 2:
@@ -188,47 +339,49 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
                 ops = args.ops if kind == "one_client" else args.ops * 2
                 for i in order:
                     gw = gws[i]
-                    case = make_case(kind, http, gw, body)
-                    pid = gw.proc.pid
-                    if grind:
-
-                        def before(pid: int = pid, name: str = gw.name) -> None:
-                            _dump_total(workdir, name, pid)
-                            _control(pid, "-i", "on")
-
-                        keep = None if args.keep is None else Path(args.keep) / f"{kind}-{i}.out"
-
-                        def after(
-                            pid: int = pid, name: str = gw.name, keep: Path | None = keep
-                        ) -> int:
-                            _control(pid, "-i", "off")
-                            return _dump_total(workdir, name, pid, keep)
-
-                        total = await measure(case, ops, args.warm, before, after)
-                    else:
-                        box: list[float] = []
-
-                        def start(gw: Gateway = gw, box: list[float] = box) -> None:
-                            box.append(gw.cpu_seconds())
-
-                        def stop(gw: Gateway = gw, box: list[float] = box) -> float:
-                            return (gw.cpu_seconds() - box[0]) * 1e6
-
-                        total = await measure(case, ops, args.warm, start, stop)
-                    results.setdefault((kind, i), []).append(total / ops)
-                    print(f"round {rnd} {kind} {roots[i]}: {total / ops:,.0f}", flush=True)
+                    before, after = _meter(grind, workdir, gw.name, gw.proc.pid,
+                                           gw.cpu_seconds, keep(kind, str(i)))  # fmt: skip
+                    total = await measure(make_case(kind, http, gw, body), ops, args.warm,
+                                          before, after)  # fmt: skip
+                    note(kind, str(i), str(roots[i]), total, ops)
+                if not overhead or kind not in _LOCK_CASES:
+                    continue
+                assert bare is not None
+                workers = _LOCK_CASES[kind]
+                before, after = _meter(grind, workdir, "bare", bare.proc.pid, bare.cpu_seconds,
+                                       keep(kind, "bare"))  # fmt: skip
+                case = http_lock_case(kind, http, bare, workers)
+                note(kind, "bare", "bare aiohttp app",
+                     await measure(case, ops, args.warm, before, after), ops)  # fmt: skip
+                for i in order:
+                    proc = inprocs[i]
+                    before, after = _meter(grind, workdir, proc.name, proc.proc.pid,
+                                           proc.cpu_seconds, keep(kind, f"inproc{i}"))  # fmt: skip
+                    total = await measure_inproc(proc, workers, ops, args.warm, before, after)
+                    note(kind, f"inproc{i}", f"in-process LockManager, {roots[i]}", total, ops)
         unit = "instructions/op" if grind else "CPU us/op"
         print(f"\n{unit}, median over {args.rounds} round(s); ratio to {roots[0]}")
         for kind in args.cases:
-            base = statistics.median(results[kind, 0])
+            base = statistics.median(results[kind, "0"])
             for i, root in enumerate(roots):
-                med = statistics.median(results[kind, i])
+                med = statistics.median(results[kind, str(i)])
                 print(f"{kind:12} {root!s:40} {med:14,.1f}  {med / base:.3f}x")
+        if overhead:
+            print(f"\nHTTP path overhead ({unit}): gateway / (bare aiohttp app + in-process cycle)")
+            for kind in (k for k in args.cases if k in _LOCK_CASES):
+                bare_op = statistics.median(results[kind, "bare"])
+                for i, root in enumerate(roots):
+                    gw_op = statistics.median(results[kind, str(i)])
+                    lm_op = statistics.median(results[kind, f"inproc{i}"])
+                    print(f"{kind:12} {root!s:40} {gw_op:12,.1f} / ({bare_op:,.1f} + "
+                          f"{lm_op:,.1f}) = {gw_op / (bare_op + lm_op):.3f}x")  # fmt: skip
     finally:
         for close in closers:
             await close()
-        for gw in gws:
+        for gw in gws + ([bare] if overhead and bare else []):
             await gw.stop(120)
+        for proc in inprocs:
+            await asyncio.to_thread(proc.stop)
         for node in nodes:
             node.stop()
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -245,6 +398,11 @@ def cli() -> None:
     p.add_argument("--warm", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--keep", help="a folder for the callgrind dumps (callgrind_annotate)")
+    p.add_argument(
+        "--overhead",
+        action="store_true",
+        help="also the bare aiohttp app and the in-process cycle: the HTTP overhead",
+    )
     args = p.parse_args()
     uvloop.run(main(args, [Path(r).resolve() for r in args.roots]))
 
