@@ -35,6 +35,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from gateway.config import ApiKey
 from gateway.cuts import Cut
+from gateway.deadlines import Deadlines
 from gateway.errors import (
     BadRequest,
     Forbidden,
@@ -62,6 +63,7 @@ OPEN_PATHS: Final = frozenset({"/v1/openapi.json"})
 UNMATCHED: Final = "unmatched"
 """The metrics label (and the route name) of a request that no route matches."""
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+_DEADLINES: Final = web.AppKey("deadlines", Deadlines)
 _ROUTE_OPTIONS: Final = frozenset({"name", "allow_head"})
 _VERBS: Final = {
     **dict.fromkeys(("lock_acquire", "lock_renew", "lock_release", "lock_status"), "lock"),
@@ -142,6 +144,9 @@ def _guard(app: web.Application, name: str, label: str, path: str, handler: Hand
     # the catch-all's path is only known per request
     keyed = bool(keys) and (not path or (path.startswith("/v1/") and path not in OPEN_PATHS))
     acquires = state.acquires
+    deadlines = app.get(_DEADLINES)
+    if deadlines is None:
+        deadlines = app[_DEADLINES] = Deadlines(timeout)
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         """Metrics around errors, the deadline, auth and drain: every response is
@@ -149,7 +154,8 @@ def _guard(app: web.Application, name: str, label: str, path: str, handler: Hand
         counted 500, a request whose client went away 499."""
         started = perf_counter()
         status = 500
-        cut = Cut(asyncio.current_task(), timeout)  # type: ignore[arg-type]
+        cut = Cut(asyncio.current_task())  # type: ignore[arg-type]
+        place = deadlines.add(cut)
         cut_off = False
         try:
             try:
@@ -175,6 +181,7 @@ def _guard(app: web.Application, name: str, label: str, path: str, handler: Hand
                         raise
                     response = _json_error(_from_http(exc, body_limit), exc.status)
                 finally:
+                    deadlines.done(place)
                     cut_off = cut.take_back()
             except asyncio.CancelledError as exc:
                 if not cut_off:
