@@ -31,6 +31,7 @@ __all__ = ["IDEMPOTENCY_HEADER", "LEASE_HEADER", "idempotency_key", "routes"]
 LEASE_HEADER: Final = "X-Lease-Id"
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 _LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
+_LEASE_WHERE: Final = f"header {LEASE_HEADER}"
 _IDEMPOTENCY_KEY: Final = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 _LOCK_FIELDS: Final = frozenset({"ttl_ms", "wait_ms", "mode"})
 _SEMAPHORE_FIELDS: Final = frozenset({"permits", "ttl_ms", "wait_ms"})
@@ -146,18 +147,18 @@ def idempotency_key(request: web.Request) -> str | None:
     return value if api_key is None else f"{api_key.name}\n{value}"
 
 
-def _ttl_wait(request: web.Request, body: Mapping[str, Any]) -> tuple[float, float]:
+def _ttl_wait(app: web.Application, body: Mapping[str, Any]) -> tuple[float, float]:
     """An acquire's ``ttl_ms`` and ``wait_ms`` in seconds, defaults and bounds from [locks]."""
-    locks = request.app[CONFIG].locks
+    locks = app[CONFIG].locks
     ttl = _ms(body, "ttl_ms", locks.default_ttl, locks.min_ttl, locks.max_ttl)
     wait = _ms(body, "wait_ms", locks.default_wait, 0.0, locks.max_wait)
     return ttl, wait
 
 
-def _granted(request: web.Request, name: str, lease: Lease, ttl: float, extra: str) -> web.Response:
+def _granted(app: web.Application, name: str, lease: Lease, ttl: float, extra: str) -> web.Response:
     """Count the grant and reply with the lease (and the kind's own ``extra`` field)."""
     valid = lease.remaining()
-    request.app[METRICS].lease_granted(lease.lease_id, valid)
+    app[METRICS].lease_granted(lease.lease_id, valid)
     return json_bytes(_grant_json(name, lease, ttl, valid, extra))
 
 
@@ -218,17 +219,6 @@ async def _renew(request: web.Request) -> web.Response:
     )
 
 
-async def _release(request: web.Request) -> web.Response:
-    name = _lock_name(request)
-    lease_id = _lease_id(one_header(request, LEASE_HEADER), f"header {LEASE_HEADER}")
-    metrics = request.app[METRICS]
-    try:
-        await request.app[LOCKS].release(LockManager.handle(name, lease_id))
-    finally:
-        metrics.lease_ended(lease_id)
-    return web.Response(status=204)
-
-
 # locks
 @routes.post("/v1/locks/{name:.+}/renew", name="lock_renew")
 async def lock_renew(request: web.Request) -> web.Response:
@@ -241,22 +231,31 @@ async def lock_acquire(request: web.Request) -> web.Response:
     """Take a lock (``mode`` exclusive or shared); wait up to wait_ms for it."""
     name = _lock_name(request)
     body = await _json_object(request, _LOCK_FIELDS)
-    ttl, wait = _ttl_wait(request, body)
+    app = request.app
+    ttl, wait = _ttl_wait(app, body)
     mode = _mode(body)
     key = idempotency_key(request)
     try:
-        lease = await request.app[LOCKS].acquire(
-            name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key
-        )
+        lease = await app[LOCKS].acquire(name, ttl=ttl, wait=wait, mode=mode, idempotency_key=key)
     except ValueError as exc:  # the lock service's own checks, after ours
         raise BadRequest(str(exc)) from None
-    return _granted(request, name, lease, ttl, f'"mode": {_string(lease.mode)}')
+    return _granted(app, name, lease, ttl, f'"mode": {_string(lease.mode)}')
 
 
 @routes.delete("/v1/locks/{name:.+}", name="lock_release")
 async def lock_release(request: web.Request) -> web.Response:
-    """Release a lease named by the X-Lease-Id header."""
-    return await _release(request)
+    """Release a lease named by the X-Lease-Id header (a lock's or a semaphore's: the
+    lock service finds a lease by its id whatever its kind, so one handler serves both
+    routes, with no coroutine of its own in between)."""
+    name = _lock_name(request)
+    lease_id = _lease_id(one_header(request, LEASE_HEADER), _LEASE_WHERE)
+    app = request.app
+    metrics = app[METRICS]
+    try:
+        await app[LOCKS].release(LockManager.handle(name, lease_id))
+    finally:
+        metrics.lease_ended(lease_id)
+    return web.Response(status=204)
 
 
 @routes.get("/v1/locks/{name:.+}", name="lock_status")
@@ -278,21 +277,22 @@ async def semaphore_acquire(request: web.Request) -> web.Response:
     name = _lock_name(request)
     body = await _json_object(request, _SEMAPHORE_FIELDS)
     permits = _permits(body)
-    ttl, wait = _ttl_wait(request, body)
+    app = request.app
+    ttl, wait = _ttl_wait(app, body)
     key = idempotency_key(request)
     try:
-        lease = await request.app[LOCKS].acquire_semaphore(
+        lease = await app[LOCKS].acquire_semaphore(
             name, permits, ttl=ttl, wait=wait, idempotency_key=key
         )
     except ValueError as exc:  # the lock service's own checks, after ours
         raise BadRequest(str(exc)) from None
-    return _granted(request, name, lease, ttl, f'"permits": {lease.permits}')
+    return _granted(app, name, lease, ttl, f'"permits": {lease.permits}')
 
 
-@routes.delete("/v1/semaphores/{name:.+}", name="semaphore_release")
-async def semaphore_release(request: web.Request) -> web.Response:
-    """Release a semaphore lease named by the X-Lease-Id header."""
-    return await _release(request)
+semaphore_release = routes.delete("/v1/semaphores/{name:.+}", name="semaphore_release")(
+    lock_release
+)
+"""Release a semaphore lease named by the X-Lease-Id header: ``lock_release``."""
 
 
 @routes.get("/v1/semaphores/{name:.+}", name="semaphore_status")
