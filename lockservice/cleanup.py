@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lockservice import scripts
 from lockservice.node import Node
 from lockservice.protocol import KEEPALIVE_MS, RELEASE_CHANNEL, lock_keys, raise_keys
-from lockservice.replies import Granted, parse_acquire
+from lockservice.replies import Failure, Granted, parse_acquire
 from lockservice.resp import Packed, Reply, pack_args, pack_str
 
 __all__ = ["Cleanups", "packed_lock_keys", "release_args", "undo_args"]
@@ -84,6 +84,28 @@ class Cleanups:
             self._send(i, scripts.RELEASE, keys, lease, rest, node.run_arg, later=later)
             for i, node in enumerate(self._nodes)
         ]
+
+    def release_confirmed(
+        self, name: str, lease_id: str
+    ) -> tuple[list[asyncio.Future[Reply]], Callable[[int, int | Failure], None]]:
+        """``release`` for a round that awaits the answers: the same commands, and the
+        round's per-reply hook in place of a done-callback per node. The hook sees every
+        answer, also after the decision (``fanout.fan_out``), so a node that was down is
+        remembered for the replay as ``release`` does, for one callback less per node."""
+        keys = packed_lock_keys(name)
+        lease, rest = pack_str(lease_id), _packed_release_rest(name, self._process)
+        sent = []
+        futures = []
+        for node in self._nodes:
+            run_arg = node.run_arg  # what was sent: the replay sends the same
+            sent.append(run_arg)
+            futures.append(node.call_packed(scripts.RELEASE, keys, lease, rest, run_arg))
+
+        def remember_if_down(index: int, reply: int | Failure) -> None:
+            if isinstance(reply, Failure) and reply.down:
+                self._remember(index, scripts.RELEASE, keys, (lease, rest, sent[index]))
+
+        return futures, remember_if_down
 
     def undo_any(self, name: str, lease_id: str, spec: str) -> None:
         """Undo any grant of a try without waiting, on every node (R7): a node that has
@@ -169,8 +191,14 @@ class Cleanups:
         fut: asyncio.Future[Reply],
     ) -> None:
         if isinstance(fut.result(), ConnectionError):
-            replays = self._replays[index]
-            if len(replays) >= _MAX_REPLAYS:
-                replays.pop(next(iter(replays)))
-            values = tuple(value for arg in args for value in arg.values)
-            replays[script, keys.values, values] = asyncio.get_running_loop().time()
+            self._remember(index, script, keys, args)
+
+    def _remember(
+        self, index: int, script: scripts.Script, keys: Packed, args: tuple[Packed, ...]
+    ) -> None:
+        """Keep a command that did not reach node ``index`` for its replay."""
+        replays = self._replays[index]
+        if len(replays) >= _MAX_REPLAYS:
+            replays.pop(next(iter(replays)))
+        values = tuple(value for arg in args for value in arg.values)
+        replays[script, keys.values, values] = asyncio.get_running_loop().time()

@@ -302,10 +302,11 @@ class Redlock:
         raise self._rounds.unavailable(name, rnd, _positive, need)
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
-        futures = self._cleanups.release(name, lease_id, later=not confirm)
         if not confirm:
+            self._cleanups.release(name, lease_id, later=True)
             return True
-        rnd = await self._rounds.run(futures, parse_count, self._released)
+        futures, remember = self._cleanups.release_confirmed(name, lease_id)
+        rnd = await self._rounds.run(futures, parse_count, self._released, remember)
         if rnd.count(_zero) > len(self.nodes) - self.quorum:
             return False
         if rnd.count(_answered) < self.quorum:

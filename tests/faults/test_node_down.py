@@ -8,9 +8,17 @@ import itertools
 
 import pytest
 
-from lockservice import LockHeld, QuorumUnavailable
+from lockservice import LockHeld, LockManager, QuorumUnavailable
 from tests._servers import RedisNode
-from tests.faults.conftest import MAX_TTL, Connect, wait_until
+from tests.faults.conftest import (
+    MAX_TTL,
+    Connect,
+    cut_off,
+    lock_key,
+    node_connected,
+    reply_int,
+    wait_until,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -38,6 +46,26 @@ async def test_acquire_and_release_succeed_with_one_node_killed(
     assert loop.time() - start < FAST
     assert lease.token > tokens[-1]
     await other.release(lease)
+
+
+async def test_a_confirmed_release_a_node_missed_is_replayed_when_it_reconnects(
+    own_redis3: list[RedisNode], connect: Connect
+) -> None:
+    """R7: a release answered by a quorum (a handle's, as the gateway's DELETE) that
+    could not reach a node frees the lock there too once the node is back."""
+    mgr = await connect(own_redis3, max_ttl=30.0)
+    lease = await mgr.acquire("down/replayed", ttl=30.0)  # no expiry frees it in the test
+    node = own_redis3[2]
+    await cut_off(mgr, node, 2)  # its grant stays: nothing reaches it now
+    await mgr.release(LockManager.handle(lease.name, lease.lease_id))
+    node.resume()
+    assert reply_int(node.command("EXISTS", lock_key(lease.name))) == 1
+    await wait_until(lambda: node_connected(mgr, 2), 5.0, "node reconnected")
+    await wait_until(
+        lambda: reply_int(node.command("EXISTS", lock_key(lease.name))) == 0,
+        5.0,
+        "release replayed",
+    )
 
 
 async def test_quorum_unavailable_at_once_with_two_nodes_killed(
