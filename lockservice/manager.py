@@ -192,22 +192,21 @@ class LockManager(SemaphoreAPI):
         result = "cancelled"
         turn = self._turns.join(name)
         waited = Wait(self.events, self.observer, name, start, mode)
-        try:
-            if turn.lock.locked() or turn.users > 1:
-                waited.begin()  # behind other local tasks asking for the same name
+        if turn.users > 1:  # behind other local tasks asking for the same name
+            try:
+                waited.begin()
                 async with asyncio.timeout_at(deadline):
-                    await turn.lock.acquire()
-            else:
-                await turn.lock.acquire()  # free: no timer needed
-        except TimeoutError:
-            self._turns.leave(name, turn)
-            waited.end(timed_out=True)
-            self.events.acquire_done("held", time.perf_counter() - start, kind=mode)
-            raise LockHeld(name, retry_after=await self._held_for(name)) from None
-        except BaseException:
-            self._turns.leave(name, turn)
-            waited.end(timed_out=False)
-            raise
+                    await Turns.wait(turn)
+            except TimeoutError:
+                self._turns.leave(name, turn)
+                waited.end(timed_out=True)
+                self.events.acquire_done("held", time.perf_counter() - start, kind=mode)
+                raise LockHeld(name, retry_after=await self._held_for(name)) from None
+            except BaseException:
+                self._turns.leave(name, turn)
+                waited.end(timed_out=False)
+                raise
+        # else the turn is free and ours: no lock, no timer
         try:
             lease = await self._contend(name, lease_id, ttl, deadline, ticket, waited, kind)
             result = "granted"
@@ -223,7 +222,7 @@ class LockManager(SemaphoreAPI):
             self.events.quorum_failed("acquire")
             raise
         finally:
-            turn.lock.release()
+            turn.release()
             self._turns.leave(name, turn)
             waited.end(timed_out=result == "held")
             self.events.acquire_done(result, time.perf_counter() - start, kind=mode)

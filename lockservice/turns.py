@@ -16,13 +16,25 @@ __all__ = ["Turn", "Turns", "Wait"]
 
 
 class Turn:
-    """One name's turn: one local task at a time contends in the backend."""
+    """One name's turn: one local task at a time contends in the backend.
+
+    The lock exists only once a second task asks for the name while the first
+    holds the turn: the first takes a free name's turn without a lock, as most
+    acquires do, and the second makes the lock, taken in the first's place, to
+    queue on (``Turns.wait``). While the turn is in use (``users``) every later
+    task queues on that lock, in arrival order.
+    """
 
     __slots__ = ("lock", "users")
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
+        self.lock: asyncio.Lock | None = None
         self.users = 0
+
+    def release(self) -> None:
+        """End the holder's turn: the next queued task's, if any."""
+        if self.lock is not None:  # made while the holder held it: the holder's
+            self.lock.release()
 
 
 class Turns:
@@ -32,11 +44,25 @@ class Turns:
         self._turns: dict[str, Turn] = {}
 
     def join(self, name: str) -> Turn:
+        """Count a task in the turn of ``name``; a turn with one user (``users == 1``)
+        is that task's at once, with no lock to take."""
         turn = self._turns.get(name)
         if turn is None:
             turn = self._turns[name] = Turn()
         turn.users += 1
         return turn
+
+    @staticmethod
+    async def wait(turn: Turn) -> None:
+        """Queue for a turn that another task holds or is queued for (``users > 1``)."""
+        lock = turn.lock
+        if lock is None:
+            # Held by the task that took it free, without a lock: take the new lock in
+            # its place (a free asyncio.Lock is taken without suspending), so that its
+            # ``Turn.release`` hands the turn to the tasks queued from now on.
+            lock = turn.lock = asyncio.Lock()
+            await lock.acquire()
+        await lock.acquire()
 
     def leave(self, name: str, turn: Turn) -> None:
         turn.users -= 1

@@ -10,6 +10,7 @@ import redis
 
 from lockservice import LockHeld, LockManager
 from lockservice.backend import Attempt
+from lockservice.turns import Turns
 from tests._servers import RedisNode
 
 
@@ -197,3 +198,49 @@ async def test_a_release_right_before_close_still_goes_out(redis3: list[RedisNod
         assert got.token > lease.token
     finally:
         await second.close()
+
+
+async def test_a_turn_taken_free_queues_later_tasks_in_order() -> None:
+    """A free name's turn is taken without a lock; the tasks that come while it is held
+    queue on a lock made in the holder's place, a timed-out one drops out, and the
+    turn ends with its last user."""
+    turns = Turns()
+    first = turns.join("t")
+    assert first.users == 1
+    assert first.lock is None
+    order: list[str] = []
+
+    async def queued(label: str) -> None:
+        turn = turns.join("t")
+        assert turn is first
+        assert turn.users > 1
+        try:
+            await Turns.wait(turn)
+            order.append(label)
+            await asyncio.sleep(0)
+            turn.release()
+        finally:
+            turns.leave("t", turn)
+
+    async def gives_up() -> None:
+        turn = turns.join("t")
+        try:
+            async with asyncio.timeout(0.01):
+                await Turns.wait(turn)
+        finally:
+            turns.leave("t", turn)
+
+    second = asyncio.create_task(queued("second"))
+    await asyncio.sleep(0)
+    assert first.lock is not None
+    assert first.lock.locked()
+    with pytest.raises(TimeoutError):
+        await gives_up()
+    third = asyncio.create_task(queued("third"))
+    await asyncio.sleep(0.01)
+    assert order == []  # the first task still holds the turn
+    first.release()
+    turns.leave("t", first)
+    await asyncio.gather(second, third)
+    assert order == ["second", "third"]
+    assert turns.join("u").lock is None  # "t" is forgotten; a new name starts free
