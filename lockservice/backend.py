@@ -27,7 +27,7 @@ class Readiness:
     semaphores: str = "ok"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed; frozen, its __init__ costs 4x
 class Attempt:
     """One try at a lock: granted (``token > 0``) or not (``retry_after`` seconds hint).
 

@@ -27,7 +27,7 @@ from lockservice.lease import (
 __all__ = ["Kind", "SemaphoreAPI", "handle_lease"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # never changed; frozen, its __init__ costs 4x
 class Kind:
     """What one acquire asks for: its mode, a semaphore's permits, its idempotency tag."""
 
