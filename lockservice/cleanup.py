@@ -77,13 +77,16 @@ class Cleanups:
 
     def release(self, name: str, lease_id: str, *, later: bool) -> list[asyncio.Future[Reply]]:
         """release.lua on every node, replayed where the node is down (R6, R7)."""
-        keys = packed_lock_keys(name)
-        # release_args, what every node shares packed once for all of them
-        lease, rest = pack_str(lease_id), _packed_release_rest(name, self._process)
+        keys, lease, rest = self._release_parts(name, lease_id)
         return [
             self._send(i, scripts.RELEASE, keys, lease, rest, node.run_arg, later=later)
             for i, node in enumerate(self._nodes)
         ]
+
+    def _release_parts(self, name: str, lease_id: str) -> tuple[Packed, Packed, Packed]:
+        """The keys and ``release_args`` but the run id: what every node's release
+        shares, packed once for all of them."""
+        return packed_lock_keys(name), pack_str(lease_id), _packed_release_rest(name, self._process)
 
     def release_confirmed(
         self, name: str, lease_id: str
@@ -92,8 +95,7 @@ class Cleanups:
         round's per-reply hook in place of a done-callback per node. The hook sees every
         answer, also after the decision (``fanout.fan_out``), so a node that was down is
         remembered for the replay as ``release`` does, for one callback less per node."""
-        keys = packed_lock_keys(name)
-        lease, rest = pack_str(lease_id), _packed_release_rest(name, self._process)
+        keys, lease, rest = self._release_parts(name, lease_id)
         sent = []
         futures = []
         for node in self._nodes:
