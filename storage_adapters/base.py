@@ -30,10 +30,10 @@ import logging
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ClassVar, Final, Protocol, Self
+from typing import Any, ClassVar, Final, Protocol, Self, TypeVar
 
 from storage_adapters.errors import BadValue, CorruptMetadata, StaleToken, StorageUnavailable
 
@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 MAX_TOKEN: Final = 2**63 - 1  # PostgreSQL bigint
@@ -239,24 +241,7 @@ class FencedStore(ABC):
         self._check(scope, key, token)
         if not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type):
             raise BadValue(f"content type {content_type!r} is not 1-255 printable ASCII characters")
-        # Timed and retried here, not in wrapper coroutines: fewer frames on every write.
-        retry = True
-        while True:
-            started = time.perf_counter()  # the loop's clock is ms-coarse under uvloop
-            ok = False
-            try:
-                result = await self._put(scope, key, token, bytes(body), content_type)
-                ok = True
-                return result
-            except StaleToken:
-                self._notify_rejected()
-                raise
-            except StorageUnavailable as exc:
-                if not (retry and self._retry_once(exc)):
-                    raise
-                retry = False
-            finally:
-                self._write_ended(started, ok)
+        return await self._timed_write(self._put, scope, key, token, bytes(body), content_type)
 
     async def get(self, scope: str, key: str, token: int | None) -> Record:
         """Read ``key``; with a token, a fenced read that first raises the mark of ``scope``.
@@ -291,14 +276,20 @@ class FencedStore(ABC):
             StorageUnavailable: the storage failed.
         """
         self._check(scope, key, token)
+        await self._timed_write(self._delete, scope, key, token)
+
+    async def _timed_write(self, write: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await write(*args)``, timed for the hooks and retried once where
+        ``_retry_once`` says the call never reached the storage (each attempt
+        reported on its own); a stale token is counted."""
         retry = True
         while True:
-            started = time.perf_counter()
+            started = time.perf_counter()  # the loop's clock is ms-coarse under uvloop
             ok = False
             try:
-                await self._delete(scope, key, token)
+                result = await write(*args)
                 ok = True
-                return
+                return result
             except StaleToken:
                 self._notify_rejected()
                 raise
