@@ -82,22 +82,7 @@ from lockservice.protocol import NodeState
 if TYPE_CHECKING:
     from gateway.config import Config
 
-__all__ = [
-    "ACQUIRE_RESULTS",
-    "KIND_RESULTS",
-    "LOCK_KINDS",
-    "LOST_REASONS",
-    "MULTIPROCESS",
-    "NODE_STATES",
-    "QUORUM_OPERATIONS",
-    "REJECT_REASONS",
-    "RELEASE_RESULTS",
-    "RENEW_RESULTS",
-    "WRITE_RESULTS",
-    "LeaseTracker",
-    "Metrics",
-    "node_groups",
-]
+__all__ = ["MULTIPROCESS", "Metrics", "node_groups"]
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Metric, val
 import gateway.metrics as metrics_module
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.metrics import (
+from gateway.metric_defs import (
     ACQUIRE_RESULTS,
     KIND_RESULTS,
     LOCK_KINDS,
@@ -30,9 +30,9 @@ from gateway.metrics import (
     NODE_STATES,
     REJECT_REASONS,
     RENEW_RESULTS,
-    LeaseTracker,
-    Metrics,
 )
+from gateway.metric_series import LeaseTracker
+from gateway.metrics import Metrics
 from lockservice.events import LockEvents
 from storage_adapters.base import StoreHooks
 from tests._gateway import Client, ServeClient
