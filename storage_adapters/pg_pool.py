@@ -103,6 +103,11 @@ class PgPool:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def full(self) -> bool:
+        """No idle connection and no room to open one: an ``acquire`` now would wait."""
+        return not self._idle and self._open >= self._max
+
     async def start(self) -> None:
         """Open ``min_size`` connections: the first alone, so that its error is the one seen."""
         try:

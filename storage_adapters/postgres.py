@@ -8,7 +8,9 @@ Tables (created by ``start`` in ``schema`` when missing)::
 
 How each call reaches the server (all prepared statements, cached by asyncpg):
 
-* ``put``: ONE statement. A data-modifying CTE upserts the fence row with
+* ``put``: ONE statement (when the pool has no connection free, one statement
+  for every fenced PUT waiting for one: ``pg_put_batch.py``). A data-modifying
+  CTE upserts the fence row with
   ``ON CONFLICT ... WHERE fencegate_fence.token <= EXCLUDED.token`` and the kv
   upsert selects from it, so the kv row is written only when the fence row
   was; the fence row lock, held until commit, queues every other writer of the
@@ -46,6 +48,7 @@ from storage_adapters._pg import (
 )
 from storage_adapters.base import NO_HOOKS, Record, StoreHooks
 from storage_adapters.errors import NotFound
+from storage_adapters.pg_put_batch import PutBatches, RunAlone
 
 __all__ = ["PostgresStore"]
 
@@ -123,6 +126,8 @@ class PostgresStore(PgStoreBase):
         self._delete_sql = f"DELETE FROM {s}.{_KV} WHERE store = $1 AND key = $2"
         # The fenced upsert prepared on each connection (asyncpg PreparedStatement).
         self._put_stmts: dict[Any, Any] = {}
+        # Fenced PUTs that find the pool full, written together (pg_put_batch.py).
+        self.batches = PutBatches(self.name, s, kv, self._require_started)
 
     async def _prepare(self, conn: object) -> None:
         s = self._schema_q
@@ -145,6 +150,15 @@ class PostgresStore(PgStoreBase):
         # ``async with self._conn()`` spelled out, as on no other path: the fenced PUT
         # is the gateway's hottest store call, and the checkout's two coroutines cost.
         pool = self._require_started()
+        if token is not None and self.batches.wanted(pool):
+            try:
+                await self.batches.put(scope, key, token, body, content_type)
+            except RunAlone:
+                pass  # the server refused its batch as a whole: alone, for its own answer
+            else:
+                if RECONNECT_LOG.reason is not None:
+                    RECONNECT_LOG.recovered(self.name)
+                return token
         try:
             conn = await pool.acquire()
             try:
