@@ -26,9 +26,12 @@ row. Every writer thus locks in one global order (fence rows by scope, then kv
 rows by key), so batches and single writes never wait on each other in a cycle,
 even when one key is written under two scopes (``X-Fencing-Lock``).
 
-A batch that the server refuses as a whole (one row's value, a deadlock it
-broke, any error it answered on a live session) is rerun one PUT at a time, so
-that each PUT gets its own answer. A connection error fails every PUT of the
+A batch waits at most ``LOCK_TIMEOUT_MS`` for a row lock: a scope whose fence
+row another session holds longer (a long transaction of a writer fenced by the
+trigger, say) must not hold up every other PUT of the batch. A batch that the
+server refuses as a whole (a lock it waited for too long, one row's value, any
+error it answered on a live session) is rerun one PUT at a time, so that each
+PUT gets its own answer and waits only for its own scope. A connection error fails every PUT of the
 batch with the same ``StorageUnavailable``; each may be retried once by the
 store, as a single PUT is. A PUT whose caller is cancelled while it waits in
 the queue is dropped from it; once sent, it is written or refused with the rest.
@@ -47,12 +50,16 @@ from storage_adapters._pg import DRIVER_ERRORS, _reusable_after, storage_error
 from storage_adapters.errors import StaleToken, StorageError, StorageUnavailable
 from storage_adapters.pg_pool import PgPool
 
-__all__ = ["MAX_BYTES", "MAX_ROWS", "PutBatches", "RunAlone", "batch_put_sql"]
+__all__ = ["LOCK_TIMEOUT_MS", "MAX_BYTES", "MAX_ROWS", "PutBatches", "RunAlone", "batch_put_sql"]
 
 MAX_ROWS: Final = 64
 """PUTs in one statement at most."""
 MAX_BYTES: Final = 1 << 20
 """Value bytes in one statement at most (a larger value still goes, alone)."""
+LOCK_TIMEOUT_MS: Final = 200
+"""How long a batch waits for a row lock (set for its own transaction only): a scope
+held longer elsewhere (another gateway's batch, a trigger-fenced writer's transaction)
+must not hold up the batch's other PUTs, which then run alone."""
 
 
 class RunAlone(Exception):
@@ -63,8 +70,10 @@ def batch_put_sql(schema_q: str, kv: str) -> str:
     """The batched fenced upsert: $1 scopes, $2 tokens, $3 keys, $4 values, $5 content
     types (arrays, one element per PUT), $6 store name; returns the keys written."""
     return (
-        "WITH input AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[],"
-        " $4::bytea[], $5::text[]) AS t(scope, token, key, value, content_type)),"
+        "WITH input AS (SELECT t.* FROM"
+        f" (SELECT set_config('lock_timeout', '{LOCK_TIMEOUT_MS}ms', true)) AS g,"
+        " unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[], $5::text[])"
+        " AS t(scope, token, key, value, content_type)),"
         f" fence AS (INSERT INTO {schema_q}.fencegate_fence AS f (scope, token, updated_at)"
         " SELECT scope, token, now() FROM input ORDER BY scope"
         " ON CONFLICT (scope) DO UPDATE"

@@ -15,7 +15,15 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from storage_adapters import BadValue, NotFound, PostgresStore, StaleToken, StorageUnavailable
+from storage_adapters import (
+    BadValue,
+    NotFound,
+    PostgresStore,
+    StaleToken,
+    StorageUnavailable,
+    pg_put_batch,
+)
+from storage_adapters.pg_put_batch import LOCK_TIMEOUT_MS
 from tests.storage_adapters.conftest import pg_settings
 from tests.storage_adapters.test_postgres import in_flight_write, wait_until_waiting_on_a_lock
 
@@ -30,6 +38,19 @@ async def one(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
         pool_min=1,
         pool_max=1,
         server_settings=pg_settings(pg_schema),
+    ) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def patient(
+    monkeypatch: pytest.MonkeyPatch, pg_dsn: str, pg_schema: str
+) -> AsyncIterator[PostgresStore]:
+    """As ``one``, with batches that wait 20 s for a lock: for the tests of what happens
+    while a batch waits, which LOCK_TIMEOUT_MS would otherwise end early."""
+    monkeypatch.setattr(pg_put_batch, "LOCK_TIMEOUT_MS", 20_000)
+    async with PostgresStore(
+        "kv", pg_dsn, schema=pg_schema, pool_max=1, server_settings=pg_settings(pg_schema)
     ) as opened:
         yield opened
 
@@ -163,14 +184,14 @@ async def test_a_put_cancelled_while_queued_is_not_written(
 
 
 async def test_a_batch_whose_connection_dies_fails_each_put_then_the_store_recovers(
-    one: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+    patient: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
 ) -> None:
     """The batch waits on a fence row lock of another session when its backend is ended."""
-    await one.put("s2", "k0", 1, b"")  # the fence row exists, so another session can lock it
+    await patient.put("s2", "k0", 1, b"")  # the fence row exists, so another session can lock it
     holder = await in_flight_write(pg_dsn, pg_schema, "s2", 1)
     try:
-        async with Blocked(one, admin, pg_dsn, pg_schema) as blocked:
-            tasks = await queued(one, ("s1", "k1", 1, b"x"), ("s2", "k2", 2, b"y"))
+        async with Blocked(patient, admin, pg_dsn, pg_schema) as blocked:
+            tasks = await queued(patient, ("s1", "k1", 1, b"x"), ("s2", "k2", 2, b"y"))
             await blocked.release()
             await wait_until_waiting_on_a_lock(admin, f"fg-{pg_schema}")
             ended = await admin.fetchval(
@@ -183,24 +204,24 @@ async def test_a_batch_whose_connection_dies_fails_each_put_then_the_store_recov
     finally:
         await holder.close()
     assert [type(r) for r in results] == [StorageUnavailable, StorageUnavailable]
-    assert one.batches.statements == 1
-    assert await one.put("s2", "k2", 3, b"after") == 3  # a new connection
+    assert patient.batches.statements == 1
+    assert await patient.put("s2", "k2", 3, b"after") == 3  # a new connection
     with pytest.raises(NotFound):  # nothing of the batch was committed
-        await one.get("s1", "k1", None)
+        await patient.get("s1", "k1", None)
 
 
 async def test_a_batch_takes_every_fence_row_before_any_kv_row(
-    one: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+    patient: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
 ) -> None:
     """Another session holding fence row s2 and then updating kv row k1 (fence rows
     first, as every writer) must not wait for a batch of (s1, k1), (s2, k2) that waits
     for s2: had the batch locked k1 before asking for s2, the two would deadlock."""
-    await one.put("s1", "k1", 1, b"k1")
-    await one.put("s2", "k2", 1, b"k2")
+    await patient.put("s1", "k1", 1, b"k1")
+    await patient.put("s2", "k2", 1, b"k2")
     other = await in_flight_write(pg_dsn, pg_schema, "s2", 1)
     try:
-        async with Blocked(one, admin, pg_dsn, pg_schema) as blocked:
-            tasks = await queued(one, ("s1", "k1", 2, b"b1"), ("s2", "k2", 2, b"b2"))
+        async with Blocked(patient, admin, pg_dsn, pg_schema) as blocked:
+            tasks = await queued(patient, ("s1", "k1", 2, b"b1"), ("s2", "k2", 2, b"b2"))
             await blocked.release()
             await wait_until_waiting_on_a_lock(admin, f"fg-{pg_schema}")  # on s2
             update = f'UPDATE "{pg_schema}".fencegate_kv SET value = $1 WHERE key = $2'
@@ -209,8 +230,29 @@ async def test_a_batch_takes_every_fence_row_before_any_kv_row(
             assert await asyncio.gather(*tasks) == [2, 2]
     finally:
         await other.close()
+    assert patient.batches.statements == 1
+    assert (await patient.get("s1", "k1", None)).body == b"b1"  # after the other session's
+
+
+async def test_a_scope_held_elsewhere_does_not_hold_up_the_other_puts_of_its_batch(
+    one: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    """Another session holds fence row s2 for long (a trigger-fenced writer's transaction):
+    the batch gives up its lock wait after LOCK_TIMEOUT_MS and each PUT runs alone, so the
+    PUT of s1 is written while the one of s2 waits for its own scope only."""
+    await one.put("s2", "k0", 1, b"")
+    holder = await in_flight_write(pg_dsn, pg_schema, "s2", 1)
+    try:
+        async with Blocked(one, admin, pg_dsn, pg_schema) as blocked:
+            s1, s2 = await queued(one, ("s1", "k1", 1, b"x"), ("s2", "k2", 2, b"y"))
+            await blocked.release()
+            assert await asyncio.wait_for(s1, 10 * LOCK_TIMEOUT_MS / 1000) == 1
+            assert not s2.done()
+            await holder.execute("COMMIT")
+            assert await s2 == 2
+    finally:
+        await holder.close()
     assert one.batches.statements == 1
-    assert (await one.get("s1", "k1", None)).body == b"b1"  # after the other session's
 
 
 async def test_puts_one_at_a_time_are_never_batched(one: PostgresStore) -> None:
