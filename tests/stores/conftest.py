@@ -120,6 +120,18 @@ async def postgres_kv(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subj
         yield Subject("postgres_kv", section, **_proxy_switch(proxy))
 
 
+@asynccontextmanager
+async def postgres_kv_batched(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
+    """The kv store with a pool of one connection: concurrent fenced PUTs go in batches."""
+    dsn, schema = res["pg_dsn"], res["pg_schema"]
+    async with proxied(dsn) as (via, proxy):
+        section = {
+            "type": "postgres", "dsn": via, "schema": schema, "acquire_timeout_ms": 2000,
+            "pool_max": 1,
+        }  # fmt: skip
+        yield Subject("postgres_kv_batched", section, **_proxy_switch(proxy))
+
+
 PG_ACCOUNTS = "id text PRIMARY KEY, balance numeric(12,2) NOT NULL DEFAULT 0, note text"
 LEGACY_BAD_BODIES = (
     b"not json",
@@ -296,6 +308,7 @@ async def files(res: dict[str, Any], tmp_path: Path) -> AsyncIterator[Subject]:
 
 STORE_TYPES: dict[str, StoreType] = {
     "postgres_kv": StoreType(("pg_dsn", "pg_schema"), postgres_kv),
+    "postgres_kv_batched": StoreType(("pg_dsn", "pg_schema"), postgres_kv_batched),
     "postgres_legacy": StoreType(("pg_dsn", "pg_schema"), postgres_legacy),
     "mysql_kv": StoreType(("mysql_dsn",), mysql_kv),
     "mysql_legacy": StoreType(("mysql_dsn",), mysql_legacy),
