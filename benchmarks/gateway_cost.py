@@ -28,6 +28,16 @@ started in that checkout: the lock service's own cost, no HTTP), and prints gate
 instructions, which a busy machine does not move.
 
     .venv/bin/python -m benchmarks.gateway_cost --roots . --overhead --cases one_client 32_clients
+
+``--cache-sim`` (callgrind mode) also simulates the caches (callgrind's
+``--cache-sim=yes``, the last level given as ``SIZE,ASSOC,LINE``; the default,
+1 MiB 8-way, is one core's L2 here) and prints each process's misses per op:
+I1, D1 reads and writes, and last-level instruction, read and write misses, and
+with ``--overhead`` the ratio of each. Where the instructions of the gateway and of
+its two baselines compare, the misses say which one works from colder caches.
+
+    .venv/bin/python -m benchmarks.gateway_cost --roots . --overhead --cache-sim \
+        --cases one_client 32_clients
 """
 
 from __future__ import annotations
@@ -65,7 +75,12 @@ from benchmarks.gateway import (
 from tests._servers import RedisNode, free_port
 
 CASES: Final = ("one_client", "32_clients", "put_pg")
-_TOTALS: Final = re.compile(rb"^totals:\s*(\d+)", re.M)
+_TOTALS: Final = re.compile(rb"^totals:((?:\s+\d+)+)", re.M)
+_EVENTS: Final = re.compile(rb"^events:\s*(.+)$", re.M)
+L2: Final = "1048576,8,64"
+"""The last-level cache ``--cache-sim`` simulates by default: one core's L2 here (1 MiB,
+8-way, 64-byte lines; the L3 behind it is shared with the other processes)."""
+_MISSES: Final = ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 _LOCK_CASES: Final = {"one_client": 1, "32_clients": 32}
 
 # ``python -c INPROC NODE_TIMEOUT URL...``: benchmarks.gateway's "in-process, the gateway's
@@ -96,9 +111,13 @@ uvloop.run(main())
 """
 
 
+_CACHE_SIM: list[str] = []
+"""callgrind's cache options, set once from ``--cache-sim`` (none: instructions only)."""
+
+
 def _grind_argv(workdir: Path, name: str, argv: list[str]) -> list[str]:
     out = workdir / f"callgrind-{name}.out"
-    return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", *_CACHE_SIM,
             f"--callgrind-out-file={out}", *argv]  # fmt: skip
 
 
@@ -182,21 +201,26 @@ def _control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
-def _dump_total(workdir: Path, name: str, pid: int, keep: Path | None = None) -> int:
-    """Dump the counts since the last dump; return their instructions (and drop the file,
-    or move it to ``keep``)."""
+def _dump_total(workdir: Path, name: str, pid: int, keep: Path | None = None) -> dict[str, int]:
+    """Dump the counts since the last dump; return their totals by event (``Ir``: the
+    instructions; with ``--cache-sim`` the misses too), and drop the file, or move it to
+    ``keep``."""
     before = set(workdir.glob(f"callgrind-{name}.out*"))
     _control(pid, "-d")
     new = sorted(set(workdir.glob(f"callgrind-{name}.out*")) - before)
-    total = 0
+    totals: dict[str, int] = {}
     for path in new:
-        m = _TOTALS.search(path.read_bytes())
-        total += int(m.group(1)) if m else 0
+        text = path.read_bytes()
+        events, m = _EVENTS.search(text), _TOTALS.search(text)
+        if events and m:
+            names, counts = events.group(1).decode().split(), m.group(1).split()
+            for event, count in zip(names, counts, strict=False):  # trailing zeros may be left out
+                totals[event] = totals.get(event, 0) + int(count)
         if keep is None:
             path.unlink()
         else:
             path.replace(keep)
-    return total
+    return totals
 
 
 async def ready(http: aiohttp.ClientSession, gw: Gateway, within: float) -> None:
@@ -229,14 +253,14 @@ async def drive(case: Case, ops: int) -> None:
 
 async def measure(
     case: Case, ops: int, warm: int, before: Callable[[], Any], after: Callable[[], Any]
-) -> float:
+) -> dict[str, float]:
     if case.setup is not None:
         await case.setup()
     try:
         await drive(case, warm)
         await asyncio.to_thread(before)
         await drive(case, ops)
-        return float(await asyncio.to_thread(after))
+        return dict(await asyncio.to_thread(after))
     finally:
         if case.teardown is not None:
             await case.teardown()
@@ -252,22 +276,23 @@ def make_case(kind: str, http: aiohttp.ClientSession, gw: Gateway, body: bytes) 
 
 def _meter(
     grind: bool, workdir: Path, name: str, pid: int, cpu: Callable[[], float], keep: Path | None
-) -> tuple[Callable[[], Any], Callable[[], float]]:
-    """What to call before and after the measured ops of one process: instructions
-    (callgrind, dumped to ``keep`` if given) or CPU microseconds."""
+) -> tuple[Callable[[], Any], Callable[[], dict[str, float]]]:
+    """What to call before and after the measured ops of one process: its callgrind
+    totals by event (``Ir``, and misses with ``--cache-sim``; dumped to ``keep`` if
+    given) or its CPU microseconds (``us``)."""
     if grind:
 
         def before() -> None:
             _dump_total(workdir, name, pid)
             _control(pid, "-i", "on")
 
-        def after() -> float:
+        def after() -> dict[str, float]:
             _control(pid, "-i", "off")
-            return float(_dump_total(workdir, name, pid, keep))
+            return {k: float(v) for k, v in _dump_total(workdir, name, pid, keep).items()}
 
         return before, after
     box: list[float] = []
-    return (lambda: box.append(cpu())), (lambda: (cpu() - box[0]) * 1e6)
+    return (lambda: box.append(cpu())), (lambda: {"us": (cpu() - box[0]) * 1e6})
 
 
 async def measure_inproc(
@@ -276,8 +301,8 @@ async def measure_inproc(
     ops: int,
     warm: int,
     before: Callable[[], Any],
-    after: Callable[[], float],
-) -> float:
+    after: Callable[[], dict[str, float]],
+) -> dict[str, float]:
     await asyncio.to_thread(proc.run, workers, warm)
     await asyncio.to_thread(before)
     await asyncio.to_thread(proc.run, workers, ops)
@@ -323,12 +348,17 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
             async with http.delete(f"{gw.url}/v1/locks/warm", headers={"X-Lease-Id": lease}):
                 pass
         results: dict[tuple[str, str], list[float]] = {}
+        misses: dict[tuple[str, str, str], list[float]] = {}  # --cache-sim: per op
 
         def keep(kind: str, who: str) -> Path | None:
             return None if args.keep is None else Path(args.keep) / f"{kind}-{who}.out"
 
-        def note(kind: str, who: str, label: str, total: float, ops: int) -> None:
+        def note(kind: str, who: str, label: str, totals: dict[str, float], ops: int) -> None:
+            total = totals["Ir" if grind else "us"]
             results.setdefault((kind, who), []).append(total / ops)
+            for event in _MISSES:
+                if event in totals:
+                    misses.setdefault((kind, who, event), []).append(totals[event] / ops)
             print(f"round {rnd} {kind} {label}: {total / ops:,.0f}", flush=True)
 
         for rnd in range(args.rounds):
@@ -375,6 +405,8 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
                     lm_op = statistics.median(results[kind, f"inproc{i}"])
                     print(f"{kind:12} {root!s:40} {gw_op:12,.1f} / ({bare_op:,.1f} + "
                           f"{lm_op:,.1f}) = {gw_op / (bare_op + lm_op):.3f}x")  # fmt: skip
+        if misses:
+            _print_misses(args.cases, roots, misses, overhead)
     finally:
         for close in closers:
             await close()
@@ -389,6 +421,38 @@ async def main(args: argparse.Namespace, roots: list[Path]) -> None:
         shutil.rmtree(workdir, ignore_errors=True)  # --keep holds the dumps asked for
 
 
+def _print_misses(
+    cases: list[str],
+    roots: list[Path],
+    misses: dict[tuple[str, str, str], list[float]],
+    overhead: bool,
+) -> None:
+    """Cache misses per op (medians), each process; with ``overhead`` the ratio of each
+    kind of miss, gateway / (bare app + in-process cycle), as for the instructions."""
+    print(f"\ncache misses per op (callgrind --cache-sim, last level {_CACHE_SIM[-1][5:]})")
+    print(f"{'case':12} {'process':40} " + " ".join(f"{e:>8}" for e in _MISSES))
+
+    def med(kind: str, who: str, event: str) -> float:
+        return statistics.median(misses.get((kind, who, event)) or [float("nan")])
+
+    for kind in cases:
+        whos = [(str(i), str(root)) for i, root in enumerate(roots)]
+        if overhead and kind in _LOCK_CASES:
+            whos.append(("bare", "bare aiohttp app"))
+            whos += [(f"inproc{i}", f"in-process cycle {i}") for i in range(len(roots))]
+        for who, label in whos:
+            print(f"{kind:12} {label[-40:]:40} "  # a checkout's path: its end
+                  + " ".join(f"{med(kind, who, e):8,.0f}" for e in _MISSES))  # fmt: skip
+        if overhead and kind in _LOCK_CASES:
+            for i, root in enumerate(roots):
+                ratios = [
+                    med(kind, str(i), e) / (med(kind, "bare", e) + med(kind, f"inproc{i}", e))
+                    for e in _MISSES
+                ]
+                print(f"{kind:12} {'overhead ratio, ' + str(root):40} "
+                      + " ".join(f"{r:7.2f}x" for r in ratios))  # fmt: skip
+
+
 def cli() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--roots", nargs="+", required=True, help="checkouts; the first is the base")
@@ -399,11 +463,22 @@ def cli() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--keep", help="a folder for the callgrind dumps (callgrind_annotate)")
     p.add_argument(
+        "--cache-sim",
+        nargs="?",
+        const=L2,
+        metavar="SIZE,ASSOC,LINE",
+        help=f"callgrind mode: simulate the caches, this last level (default {L2}); misses per op",
+    )
+    p.add_argument(
         "--overhead",
         action="store_true",
         help="also the bare aiohttp app and the in-process cycle: the HTTP overhead",
     )
     args = p.parse_args()
+    if args.cache_sim:
+        if args.mode != "callgrind":
+            p.error("--cache-sim needs --mode callgrind")
+        _CACHE_SIM[:] = ["--cache-sim=yes", f"--LL={args.cache_sim}"]
     uvloop.run(main(args, [Path(r).resolve() for r in args.roots]))
 
 
