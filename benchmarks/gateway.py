@@ -383,16 +383,30 @@ def cyclegen_case(label: str, gw: Gateway, workers: int, gen: LoadGen) -> Case:
     return Case(label, workers, op, gateway=gw, external=external)
 
 
-def inproc_lock_case(label: str, mgr: LockManager, workers: int, *, as_gateway: bool) -> Case:
+def inproc_lock_case(
+    label: str, mgr: LockManager, workers: int, *, as_gateway: bool, fresh: bool = False
+) -> Case:
     """The same cycle without HTTP; ``as_gateway``: release a handle, as the gateway does.
 
     A handle's release waits for the nodes' answers; the caller's own ``Lease``
     is released without waiting (it is known to be valid), which is faster.
+    ``fresh``: a new name every cycle, ``bench/<tag>/<worker>/<n>``, as ``cyclegen``
+    names its cycles (the aiohttp client of ``http_lock_case`` keeps one name per
+    worker, as here without ``fresh``): the lock service's per-name caches (a name's
+    packed keys) then miss for every cycle, as they do in the gateway under cyclegen.
     """
     names = ["bench/one"] if workers == 1 else [f"bench/w{i}" for i in range(workers)]
+    tag = uuid.uuid4().hex[:9]  # as long as cyclegen's tags ("m" and 8 hex digits)
+    prefixes = [f"bench/{tag}/{i}/" for i in range(workers)]
+    cycles = [0] * workers
 
     async def op(i: int) -> None:
-        lease = await mgr.acquire(names[i], ttl=10.0, wait=0.0)
+        if fresh:
+            cycles[i] += 1
+            name = f"{prefixes[i]}{cycles[i]}"
+        else:
+            name = names[i]
+        lease = await mgr.acquire(name, ttl=10.0, wait=0.0)
         await mgr.release(LockManager.handle(lease.name, lease.lease_id) if as_gateway else lease)
 
     return Case(label, workers, op)
@@ -900,6 +914,7 @@ HTTP_CASE: Final = "HTTP (gateway process)"
 HTTP_LEAN_CASE: Final = "HTTP (gateway process), driven by cyclegen"
 BARE_LEAN_CASE: Final = "bare aiohttp app, driven by cyclegen"
 INPROC_CASE: Final = "in-process, the gateway's calls"
+INPROC_FRESH_CASE: Final = "in-process, the gateway's calls, a new name each cycle"
 OVERHEAD_TARGET: Final = 1.2
 
 
@@ -908,11 +923,16 @@ def http_overhead(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict
 
     The denominator is the floor of the HTTP path: what aiohttp alone costs to serve the two
     requests, plus what the lock service's calls cost without HTTP (the load generator's CPU
-    in the in-process case, which does nothing else). Redis's CPU is in neither side.
+    in the in-process case, which does nothing else). Redis's CPU is in neither side. The
+    in-process calls are the ones each load generator makes the gateway make: on a new
+    name every cycle for cyclegen, on one name per client for the aiohttp client.
     """
     out: dict[str, Any] = {}
-    drivers = (("cyclegen", HTTP_LEAN_CASE, BARE_LEAN_CASE), ("aiohttp", HTTP_CASE, BARE_CASE))
-    for (driver, http_case, bare_case), group in itertools.product(
+    drivers = (
+        ("cyclegen", HTTP_LEAN_CASE, BARE_LEAN_CASE, INPROC_FRESH_CASE),
+        ("aiohttp", HTTP_CASE, BARE_CASE, INPROC_CASE),
+    )
+    for (driver, http_case, bare_case, inproc_case), group in itertools.product(
         drivers, ("locks/one_client", "locks/32_clients")
     ):
         values, parts = [], []
@@ -920,7 +940,7 @@ def http_overhead(per_round: list[dict[str, dict[str, dict[str, Any]]]]) -> dict
             rows = r.get(group, {})
             gw = rows.get(http_case, {}).get("gw_cpu_us")
             bare = rows.get(bare_case, {}).get("gw_cpu_us")
-            inproc = rows.get(INPROC_CASE, {}).get("gen_cpu_us")
+            inproc = rows.get(inproc_case, {}).get("gen_cpu_us")
             if gw and bare and inproc:
                 values.append(gw / (bare + inproc))
                 parts.append((gw, bare, inproc))
@@ -1011,8 +1031,8 @@ async def main(args: argparse.Namespace) -> None:
         for workers, key in ((1, "locks/one_client"), (WORKERS, "locks/32_clients")):
             groups[key] = [
                 http_lock_case("HTTP (gateway process)", http, gw, workers),
-                inproc_lock_case("in-process, the gateway's calls", mgr, workers,
-                                 as_gateway=True),
+                inproc_lock_case(INPROC_CASE, mgr, workers, as_gateway=True),
+                inproc_lock_case(INPROC_FRESH_CASE, mgr, workers, as_gateway=True, fresh=True),
                 inproc_lock_case("in-process, own Lease (release not awaited)", mgr, workers,
                                  as_gateway=False),
                 http_lock_case(BARE_CASE, http, bare, workers),
@@ -1173,7 +1193,10 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
             "ratios, min..max; CPU columns are medians over the rounds. Two load generators "
             "drive the gateway and the bare app: `cyclegen` (C, one epoll loop, some 20 µs of "
             "CPU per cycle: `benchmarks/loadgen.py`) and this process's aiohttp client "
-            "(200-400 µs per cycle, more than either server, on the same two cores).",
+            "(200-400 µs per cycle, more than either server, on the same two cores). "
+            "The LockManager column is the in-process cycle on the names that load generator "
+            "makes the gateway lock: a new name every cycle for cyclegen (the in-process case "
+            '"a new name each cycle"), one name per client for the aiohttp client.',
             "",
             "| clients | load generator | gateway µs | bare aiohttp µs | LockManager µs | ratio "
             "| range | target |",

@@ -75,7 +75,7 @@ from benchmarks.gateway import (
 from tests._servers import RedisNode, free_port
 
 CASES: Final = ("one_client", "32_clients", "put_pg")
-_TOTALS: Final = re.compile(rb"^totals:((?:\s+\d+)+)", re.M)
+_TOTALS: Final = re.compile(rb"^totals:((?:[ \t]+\d+)+)", re.M)
 _EVENTS: Final = re.compile(rb"^events:\s*(.+)$", re.M)
 L2: Final = "1048576,8,64"
 """The last-level cache ``--cache-sim`` simulates by default: one core's L2 here (1 MiB,
@@ -210,17 +210,23 @@ def _dump_total(workdir: Path, name: str, pid: int, keep: Path | None = None) ->
     new = sorted(set(workdir.glob(f"callgrind-{name}.out*")) - before)
     totals: dict[str, int] = {}
     for path in new:
-        text = path.read_bytes()
-        events, m = _EVENTS.search(text), _TOTALS.search(text)
-        if events and m:
-            names, counts = events.group(1).decode().split(), m.group(1).split()
-            for event, count in zip(names, counts, strict=False):  # trailing zeros may be left out
-                totals[event] = totals.get(event, 0) + int(count)
+        for event, count in dump_totals(path.read_bytes()).items():
+            totals[event] = totals.get(event, 0) + count
         if keep is None:
             path.unlink()
         else:
             path.replace(keep)
     return totals
+
+
+def dump_totals(text: bytes) -> dict[str, int]:
+    """A callgrind dump's ``totals:`` line by its ``events:`` names (the counts of
+    trailing events may be left out: they are 0)."""
+    events, m = _EVENTS.search(text), _TOTALS.search(text)
+    if not (events and m):
+        return {}
+    names, counts = events.group(1).decode().split(), [int(c) for c in m.group(1).split()]
+    return {name: counts[i] if i < len(counts) else 0 for i, name in enumerate(names)}
 
 
 async def ready(http: aiohttp.ClientSession, gw: Gateway, within: float) -> None:
