@@ -75,11 +75,16 @@ class Cleanups:
         self._horizon = horizon  # after max_ttl every lock a cleanup could free expired
         self._replays: list[dict[_Command, float]] = [{} for _ in self._nodes]
 
-    def release(self, name: str, lease_id: str, *, later: bool) -> list[asyncio.Future[Reply]]:
-        """release.lua on every node, replayed where the node is down (R6, R7)."""
+    def release(
+        self, name: str, lease_id: str, *, later: bool, alone: bool = False
+    ) -> list[asyncio.Future[Reply]]:
+        """release.lua on every node, replayed where the node is down (R6, R7);
+        ``later`` and ``alone``: see ``Connection.send_packed``."""
         keys, lease, rest = self._release_parts(name, lease_id)
         return [
-            self._send(i, scripts.RELEASE, keys, lease, rest, node.run_arg, later=later)
+            self._send(
+                i, scripts.RELEASE, keys, lease, rest, node.run_arg, later=later, alone=alone
+            )
             for i, node in enumerate(self._nodes)
         ]
 
@@ -178,9 +183,15 @@ class Cleanups:
                 node.call(script, keys, args)
 
     def _send(
-        self, index: int, script: scripts.Script, keys: Packed, *args: Packed, later: bool
+        self,
+        index: int,
+        script: scripts.Script,
+        keys: Packed,
+        *args: Packed,
+        later: bool,
+        alone: bool = False,
     ) -> asyncio.Future[Reply]:
-        fut = self._nodes[index].call_packed(script, keys, *args, later=later)
+        fut = self._nodes[index].call_packed(script, keys, *args, later=later, alone=alone)
         fut.add_done_callback(functools.partial(self._remember_if_down, index, script, keys, args))
         return fut
 

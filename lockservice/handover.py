@@ -225,6 +225,11 @@ class Handovers:
                 self._recent.popitem(last=False)
             self._recent[lease_id] = token
 
+    def contended(self, lease_id: str) -> bool:
+        """Whether a recent lease of this process was queued behind others before its
+        grant (remembered with its token): its release likely hands the lock over."""
+        return lease_id in self._recent
+
     def _wake_if_ready(self, pending: Pending, lease_id: str) -> bool:
         if pending.lease(asyncio.get_running_loop().time()) is None:
             return False

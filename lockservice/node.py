@@ -237,7 +237,12 @@ class Node:
         return self.call_packed(script, pack_keys(keys), pack_args(*args), later=later)
 
     def call_packed(
-        self, script: scripts.Script, keys: Packed, *args: Packed, later: bool = False
+        self,
+        script: scripts.Script,
+        keys: Packed,
+        *args: Packed,
+        later: bool = False,
+        alone: bool = False,
     ) -> asyncio.Future[Reply]:
         """``call`` of keys and arguments packed already (``pack_args``): what a fan-out
         shares (the name's keys, a lease id) packed once for every node, and what every
@@ -252,6 +257,7 @@ class Node:
             else pack_call(b"EVALSHA", script.sha, keys, *args),
             later=later or self.batch_writes,
             noscript=(script, keys, args, fcall),
+            alone=alone,
         )
 
     def _failed(self, reason: str) -> None:

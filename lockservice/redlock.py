@@ -303,7 +303,11 @@ class Redlock:
 
     async def release(self, name: str, lease_id: str, *, confirm: bool = True) -> bool:
         if not confirm:
-            self._cleanups.release(name, lease_id, later=True)
+            # A lease that was queued for is contended: its release likely hands the
+            # lock to a waiter, whose wait it ends; it goes out at once instead of
+            # riding with this loop turn's next command (the holder's next acquire).
+            contended = self._handovers.contended(lease_id)
+            self._cleanups.release(name, lease_id, later=not contended, alone=contended)
             return True
         futures, remember = self._cleanups.release_confirmed(name, lease_id)
         rnd = await self._rounds.run(futures, parse_count, self._released, remember)

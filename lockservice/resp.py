@@ -282,21 +282,32 @@ class Connection(asyncio.Protocol):
         *,
         later: bool = False,
         noscript: Retry = None,
+        alone: bool = False,
     ) -> asyncio.Future[Reply]:
-        """``send`` of a command packed already (``pack_script``)."""
+        """``send`` of a command packed already (``pack_script``). ``alone`` (unless
+        ``later``): out at once, and the turn's next command too (a release that hands
+        the lock over: its write starts the waiter's turn)."""
         fut: asyncio.Future[Reply] = self._loop.create_future()
         if self.closed:
             fut.set_result(ConnectionError("connection closed"))
             return fut
         self._pending.append((fut, self._loop.time(), noscript))  # packed only if needed
-        self._write(packed, later)
+        self._write(packed, later, alone)
         return fut
 
-    def _write(self, packed: bytes, later: bool = False) -> None:
+    def _write(self, packed: bytes, later: bool = False, alone: bool = False) -> None:
         # The first awaited command of a loop turn goes out at once (latency), with
         # whatever was held back for later; the rest of that turn is batched into
         # one write at its end (throughput). ``later`` for every command (a Node
-        # with ``batch_writes``, the gateway's): one write per turn.
+        # with ``batch_writes``, the gateway's): one write per turn. ``alone``: at
+        # once, and the turn's next command as well.
+        if alone and not later and self._transport is not None:
+            if self._out:
+                self._out.append(packed)
+                packed = b"".join(self._out)
+                self._out.clear()
+            self._transport.write(packed)
+            return
         if later or self._burst or self._transport is None:
             if not self._out:
                 self._loop.call_soon(self.flush)

@@ -80,3 +80,40 @@ async def test_the_calls_of_one_loop_turn_take_one_write_with_batch_writes(
         assert all(c > b for c, b in zip(counts, before, strict=True))
     finally:
         await mgr.close()
+
+
+async def test_the_release_of_a_lease_that_was_queued_for_goes_out_at_once(
+    redis3: list[RedisNode],
+) -> None:
+    """A lease that was queued for is contended: its release likely hands the lock
+    over, and is written before ``release`` returns, and the holder's next command
+    is not held back behind it. An uncontended lease's release rides along with the
+    turn's next command (one write for both)."""
+    urls = [n.url for n in redis3]
+    holder, waiter = await LockManager.connect(urls), await LockManager.connect(urls)
+    try:
+        lease = await waiter.acquire("bw/free", ttl=10.0, wait=5.0)  # nobody else
+        counts = _count_writes(waiter)
+        await waiter.release(lease)
+        assert counts == [0, 0, 0]  # held for the turn's next command
+        await asyncio.sleep(0.01)
+        assert counts == [1, 1, 1]
+
+        held = await holder.acquire("bw/hot", ttl=10.0)
+        queued = asyncio.create_task(waiter.acquire("bw/hot", ttl=10.0, wait=5.0))
+        for _ in range(200):
+            if all(n.command("ZCARD", "waitq:{bw/hot}") == b":1\r\n" for n in redis3):
+                break
+            await asyncio.sleep(0.01)
+        await holder.release(held)
+        lease = await asyncio.wait_for(queued, 5.0)
+        before = list(counts)
+        await waiter.release(lease)
+        assert [c - b for c, b in zip(counts, before, strict=True)] == [1, 1, 1]  # at once
+        again = asyncio.create_task(waiter.acquire("bw/hot", ttl=10.0))
+        await asyncio.sleep(0)  # the task's first step: its try goes out at once too
+        assert [c - b for c, b in zip(counts, before, strict=True)] == [2, 2, 2]
+        await waiter.release(await again)
+    finally:
+        await holder.close()
+        await waiter.close()
