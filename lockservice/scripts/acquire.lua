@@ -50,7 +50,7 @@ if current then
     -- handed over meanwhile: issued anew (R12), without a tag (a grant has none)
     redis.call('DEL', KEYS[9])
     return {grant(KEYS, base, id, ttl, mode, permits), 0}
-  elseif member_entry(KEYS, id) then
+  elseif group_of(current) and member_entry(KEYS, id) then
     return {grant(KEYS, base, id, ttl, mode, permits), 0}  -- the same in a group
   end
 end
@@ -78,9 +78,11 @@ if not may then
     enqueue(KEYS[5], KEYS[6], KEYS[7], member, ticket, spec, tonumber(ARGV[4]), now_ms())
   end
   local left = redis.call('PTTL', KEYS[1])
-  local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')[2]
-  if first and mode == 'semaphore' and group_of(current) == 'semaphore' then
-    left = math.max(1, tonumber(first) - now_ms())  -- the first permit to come free
+  if mode == 'semaphore' and group_of(current) == 'semaphore' then
+    local first = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')[2]
+    if first then
+      left = math.max(1, tonumber(first) - now_ms())  -- the first permit to come free
+    end
   end
   return {0, left, counter(KEYS[2])}
 end

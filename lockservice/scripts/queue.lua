@@ -223,8 +223,10 @@ end
 
 local function dequeue(q, x, t, member)
   local n = redis.call('ZREM', q, member)
-  redis.call('ZREM', x, member)
-  redis.call('HDEL', t, member)
+  if n == 1 then  -- the three keys hold the same members: one not in q is in none
+    redis.call('ZREM', x, member)
+    redis.call('HDEL', t, member)
+  end
   return n
 end
 

@@ -459,6 +459,19 @@ def test_a_semaphore_holds_up_to_its_permits_and_refuses_other_permits(r: redis.
     assert take(r, ID_C, "semaphore", 2) == [BASE + 3, 0]  # a permit came free
 
 
+def test_a_full_semaphore_says_when_its_first_permit_comes_free(r: redis.Redis) -> None:
+    """The retry hint of a refused semaphore request is the first permit's end; any
+    other refused request is told the lock's (the group's last member's) end."""
+    take(r, ID_A, "semaphore", 2, ttl=2_000)
+    take(r, ID_B, "semaphore", 2, ttl=20_000)
+    refused = take(r, ID_C, "semaphore", 2)
+    assert refused[0] == 0  # type: ignore[index]
+    assert 0 < refused[1] <= 2_000  # type: ignore[index]  # A's permit, not the group's end
+    refused = take(r, ID_C, "exclusive")
+    assert refused[0] == 0  # type: ignore[index]
+    assert 19_000 < refused[1] <= 20_000  # type: ignore[index]
+
+
 def test_expired_members_leave_the_group(r: redis.Redis) -> None:
     take(r, ID_A, "shared", ttl=50)
     take(r, ID_B, "shared", ttl=10_000)
