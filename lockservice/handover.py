@@ -60,6 +60,7 @@ class Pending:
         "suspect",
         "ttl",
         "undoing",
+        "waited",
     )
 
     def __init__(
@@ -75,6 +76,7 @@ class Pending:
         self.undoing = [0] * nodes  # per node: undos sent and not answered yet
         self.given_up: set[tuple[int, int]] = set()  # (node, token) an undo gave away
         self.queued = False  # a node queued it: hand-overs may come even after the lease
+        self.waited = False  # a node said "held" or "queued", or handed it over: contended
         self.seen = [0] * nodes  # per node: its counter when it last said "queued"
         self.suspect: set[int] = set()  # nodes an undo may have reached unseen
         self.nudge_due = False  # a try is due if the rest of a hand-over does not come
@@ -101,7 +103,7 @@ class Pending:
         It holds nothing for this waiter now, and any hand-over it makes later
         counts above ``counter``: a message with a token up to it is older.
         """
-        self.queued = True
+        self.queued = self.waited = True
         for held in (self.grants, self.parked):
             known = held.get(node)
             if known is not None and known.token <= counter:
@@ -123,7 +125,7 @@ class Pending:
 
     def handed(self, node: int, token: int) -> None:
         """R9-R11, R14: a release on the node handed the lock over with ``token``."""
-        self.queued = True
+        self.queued = self.waited = True
         if (node, token) in self.given_up or token <= self.seen[node] or node in self.suspect:
             return  # older than an answer that said it is given away, or may be
         since = self.floors[node]
@@ -206,6 +208,7 @@ class Handovers:
         self._cleanups = cleanups
         self._pending: dict[str, Pending] = {}
         self._recent: OrderedDict[str, int] = OrderedDict()  # tokens of recent leases
+        self._contended: OrderedDict[str, None] = OrderedDict()  # granted after waiting
 
     def get(self, lease_id: str) -> Pending | None:
         return self._pending.get(lease_id)
@@ -224,11 +227,19 @@ class Handovers:
             if len(self._recent) >= _RECENT:
                 self._recent.popitem(last=False)
             self._recent[lease_id] = token
+        if token and pending is not None and pending.waited:
+            if len(self._contended) >= _RECENT:
+                self._contended.popitem(last=False)
+            self._contended[lease_id] = None
 
     def contended(self, lease_id: str) -> bool:
-        """Whether a recent lease of this process was queued behind others before its
-        grant (remembered with its token): its release likely hands the lock over."""
-        return lease_id in self._recent
+        """Whether a lease of this process was granted after waiting behind others (a
+        node said "held" or "queued", or handed it over): its release likely hands the
+        lock over. Asked once, at the release: forgotten then."""
+        if lease_id in self._contended:
+            del self._contended[lease_id]
+            return True
+        return False
 
     def _wake_if_ready(self, pending: Pending, lease_id: str) -> bool:
         if pending.lease(asyncio.get_running_loop().time()) is None:

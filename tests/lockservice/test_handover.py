@@ -16,12 +16,13 @@ import redis
 
 from lockservice import LockManager
 from lockservice.acquire import try_decider
-from lockservice.cleanup import release_args
-from lockservice.handover import Pending
+from lockservice.cleanup import Cleanups, release_args
+from lockservice.handover import Handovers, Pending
 from lockservice.protocol import RELEASE_CHANNEL, drift, lock_keys
 from lockservice.redlock import Redlock
 from lockservice.replies import Failure, Granted, Held
 from lockservice.scripts import RELEASE
+from lockservice.waiters import Waiters
 from tests._servers import RedisNode
 from tests.lockservice.test_waiting import script_calls
 
@@ -145,6 +146,29 @@ def test_a_try_decides_held_only_once_the_node_it_holds_answered() -> None:
     assert decided([down, Granted(7), down])  # nor lose its grant when it is down
     assert decided([held, held, None])  # a quorum holds it: known without it
     assert not try_decider(frozenset(), 2)([down, held, None])  # node 2 may grant
+
+
+def test_a_lease_is_contended_only_when_it_waited_behind_others() -> None:
+    """The release of a lease granted after a "held" answer or a hand-over goes out at
+    once (``Handovers.contended``); one granted at once does not, even when a node's
+    late answer left it queued there (``Pending.queued``, R16)."""
+    handovers = Handovers(0.01, Waiters(), Cleanups([], "p", horizon=1.0))
+    late = handovers.open("late", Pending("n", 3, TTL, start=0.0))
+    late.granted(0, 7, sent=0.0)
+    late.granted(1, 7, sent=0.0)
+    late.queued = True  # node 2 had not answered when the try was decided
+    handovers.close("late", 7)
+    waited = handovers.open("waited", Pending("n", 3, TTL, start=0.0))
+    waited.refused(0, 0.0, counter=6)
+    waited.handed(0, 7)
+    waited.handed(1, 7)
+    handovers.close("waited", 7)
+    handovers.open("gave-up", Pending("n", 3, TTL, start=0.0)).refused(0, 0.0, counter=6)
+    handovers.close("gave-up")
+    assert not handovers.contended("late")
+    assert handovers.contended("waited")
+    assert not handovers.contended("waited")  # asked once, at the release
+    assert not handovers.contended("gave-up")
 
 
 # ------------------------------------------------------------ real nodes
