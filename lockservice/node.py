@@ -246,18 +246,21 @@ class Node:
     ) -> asyncio.Future[Reply]:
         """``call`` of keys and arguments packed already (``pack_args``): what a fan-out
         shares (the name's keys, a lease id) packed once for every node, and what every
-        command to this node repeats (its ``run_arg``) packed once for all of them."""
+        command to this node repeats (its ``run_arg``) packed once for all of them.
+        ``alone`` (unless ``batch_writes``): ``Connection.send_now``."""
         conn = self._conn
         if conn is None or conn.closed:
             return self._unsent()
         fcall = conn.load_library is not None
-        return conn.send_packed(
+        packed = (
             pack_call(b"FCALL", script.function, keys, *args)
             if fcall
-            else pack_call(b"EVALSHA", script.sha, keys, *args),
-            later=later or self.batch_writes,
-            noscript=(script, keys, args, fcall),
-            alone=alone,
+            else pack_call(b"EVALSHA", script.sha, keys, *args)
+        )
+        if alone and not self.batch_writes:
+            return conn.send_now(packed, noscript=(script, keys, args, fcall))
+        return conn.send_packed(
+            packed, later=later or self.batch_writes, noscript=(script, keys, args, fcall)
         )
 
     def _failed(self, reason: str) -> None:

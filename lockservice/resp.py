@@ -282,32 +282,37 @@ class Connection(asyncio.Protocol):
         *,
         later: bool = False,
         noscript: Retry = None,
-        alone: bool = False,
     ) -> asyncio.Future[Reply]:
-        """``send`` of a command packed already (``pack_script``). ``alone`` (unless
-        ``later``): out at once, and the turn's next command too (a release that hands
-        the lock over: its write starts the waiter's turn)."""
+        """``send`` of a command packed already (``pack_script``)."""
         fut: asyncio.Future[Reply] = self._loop.create_future()
         if self.closed:
             fut.set_result(ConnectionError("connection closed"))
             return fut
         self._pending.append((fut, self._loop.time(), noscript))  # packed only if needed
-        self._write(packed, later, alone)
+        self._write(packed, later)
         return fut
 
-    def _write(self, packed: bytes, later: bool = False, alone: bool = False) -> None:
+    def send_now(self, packed: bytes, *, noscript: Retry = None) -> asyncio.Future[Reply]:
+        """``send_packed`` written at once, with whatever this turn held back, and
+        without holding back the turn's next command: a release that hands the lock
+        over, whose write starts the waiter's turn."""
+        transport = self._transport
+        if transport is None or self.closed:
+            return self.send_packed(packed, noscript=noscript)  # queued, or refused
+        fut: asyncio.Future[Reply] = self._loop.create_future()
+        self._pending.append((fut, self._loop.time(), noscript))
+        if self._out:
+            self._out.append(packed)
+            packed = b"".join(self._out)
+            self._out.clear()
+        transport.write(packed)
+        return fut
+
+    def _write(self, packed: bytes, later: bool = False) -> None:
         # The first awaited command of a loop turn goes out at once (latency), with
         # whatever was held back for later; the rest of that turn is batched into
         # one write at its end (throughput). ``later`` for every command (a Node
-        # with ``batch_writes``, the gateway's): one write per turn. ``alone``: at
-        # once, and the turn's next command as well.
-        if alone and not later and self._transport is not None:
-            if self._out:
-                self._out.append(packed)
-                packed = b"".join(self._out)
-                self._out.clear()
-            self._transport.write(packed)
-            return
+        # with ``batch_writes``, the gateway's): one write per turn.
         if later or self._burst or self._transport is None:
             if not self._out:
                 self._loop.call_soon(self.flush)
