@@ -285,16 +285,26 @@ class CommandCounter:
 
 async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[str],
                      nodes: list[RedisNode], seconds: float, workers: int = 8,
-                     hold: float = 0.001) -> dict[str, float]:  # fmt: skip
-    """Each worker has its own client (as separate processes would) on one name."""
+                     hold: float = 0.001, count: bool = False) -> dict[str, float]:  # fmt: skip
+    """Each worker has its own client (as separate processes would) on one name.
+
+    ``count``: also count the commands clients send (``CommandCounter``), for
+    ``round_trips_per_cs``. Not in a measured run: MONITOR streams every command a
+    node runs, a script's own calls included, to this process, which reads them in
+    the event loop the workers share, so the count costs a library in proportion to
+    the calls inside its scripts (about 30 lines a critical section for fencegate's,
+    7 for aioredlock's) and slows node 0 as well. ``contention_rounds`` counts in a
+    run of its own.
+    """
     clients = [await make(urls) for _ in range(workers)]
     loop = asyncio.get_running_loop()
     owners: list[int] = []
     takeover_waits: list[float] = []
     gave_up = 0
     try:
-        counter = CommandCounter(nodes[0])
-        await counter.__aenter__()
+        counter = CommandCounter(nodes[0]) if count else None
+        if counter is not None:
+            await counter.__aenter__()
         end = loop.time() + seconds
 
         async def worker(i: int) -> None:
@@ -317,8 +327,10 @@ async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[
         start = loop.time()
         await asyncio.gather(*(worker(i) for i in range(workers)))
         elapsed = loop.time() - start
-        await counter.__aexit__()
-        calls = counter.count * len(nodes)  # every node gets the same commands
+        calls = float("nan")
+        if counter is not None:
+            await counter.__aexit__()
+            calls = counter.count * len(nodes)  # every node gets the same commands
     finally:
         for c in clients:
             await c.close()
@@ -336,6 +348,43 @@ async def contention(make: Callable[[list[str]], Awaitable[Client]], urls: list[
         "round_trips_per_cs": calls / total,
         "workers_gave_up": gave_up,
     }
+
+
+async def contention_rounds(
+    libs: dict[str, Callable[[list[str]], Awaitable[Client]]],
+    urls: list[str],
+    nodes: list[RedisNode],
+    seconds: float,
+    rounds: int,
+    *,
+    label: str = "contention",
+    after: Callable[[str, dict[str, float]], None] | None = None,
+) -> dict[str, list[dict[str, float]]]:
+    """``contention`` for each library in ``rounds`` alternating rounds, then a short
+    run each that counts commands (its ``round_trips_per_cs`` goes into every round).
+    ``after(lib, row)``: called after each measured run (a proxy's CPU, say)."""
+    rows: dict[str, list[dict[str, float]]] = {lib: [] for lib in libs}
+    names = list(libs)
+    for rnd in range(rounds):
+        for lib in names if rnd % 2 == 0 else names[::-1]:
+            for n in nodes:
+                n.flushall()
+            r = await contention(libs[lib], urls, nodes, seconds)
+            if after is not None:
+                after(lib, r)
+            rows[lib].append(r)
+            print(f"round {rnd + 1} {label} {lib:20} {json.dumps(r)}", flush=True)
+    for lib in names:
+        for n in nodes:
+            n.flushall()
+        counted = await contention(libs[lib], urls, nodes, min(seconds, 1.0), count=True)
+        for r in rows[lib]:
+            r["round_trips_per_cs"] = counted["round_trips_per_cs"]
+    return rows
+
+
+def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {m: statistics.median(r[m] for r in rows) for m in rows[0]}
 
 
 async def kinds(urls: list[str], seconds: float, readers: int = 16) -> dict[str, dict[str, float]]:
@@ -499,16 +548,17 @@ async def rtt_main(args: argparse.Namespace) -> None:
         results["ping_proxied"] = await ping_rtt(proxy.urls[0])
         print(f"PING direct {results['ping_direct']}, through the proxy "
               f"{results['ping_proxied']}", flush=True)  # fmt: skip
-        for rnd in range(args.rounds):
-            for lib in libs if rnd % 2 == 0 else libs[::-1]:
-                for n in nodes:
-                    n.flushall()
-                cpu0 = proxy.cpu()
-                r = await contention(LIBRARIES[lib], proxy.urls, nodes, args.seconds * 2)
-                cpu = proxy.cpu() - cpu0
-                r["proxy_cpu_us_per_cs"] = cpu / max(r["cs_per_s"] * args.seconds * 2, 1) * 1e6
-                rows[lib].append(r)
-                print(f"round {rnd + 1} rtt {lib:20} {json.dumps(r)}", flush=True)
+        cpu_at = [proxy.cpu()]
+
+        def proxy_cpu(lib: str, r: dict[str, float]) -> None:
+            cpu_at.append(proxy.cpu())
+            cpu = cpu_at[-1] - cpu_at[-2]
+            r["proxy_cpu_us_per_cs"] = cpu / max(r["cs_per_s"] * args.seconds * 2, 1) * 1e6
+
+        rows = await contention_rounds(
+            {lib: LIBRARIES[lib] for lib in libs}, proxy.urls, nodes, args.seconds * 2,
+            args.rounds, label="rtt", after=proxy_cpu,
+        )  # fmt: skip
     finally:
         proxy.stop()
         for node in nodes:
@@ -594,15 +644,18 @@ async def main(args: argparse.Namespace) -> None:
                     results[key][lib] = r
                     print(f"{key:22} {lib:26} {json.dumps(r)}", flush=True)
         urls = [n.url for n in nodes]
-        results["contention/3node"] = {}
-        for lib, make in libs.items():
-            if lib.startswith("raw") or lib == "redis-py Lock":
-                continue
-            for n in nodes:
-                n.flushall()
-            r = await contention(make, urls, nodes, args.seconds * 2)
-            results["contention/3node"][lib] = r
-            print(f"{'contention/3node':22} {lib:26} {json.dumps(r)}", flush=True)
+        contenders = {
+            lib: make
+            for lib, make in libs.items()
+            if not lib.startswith("raw") and lib != "redis-py Lock"
+        }
+        rows = await contention_rounds(
+            contenders, urls, nodes, args.seconds, args.contention_rounds
+        )
+        results["contention/3node"] = {lib: median_row(rs) for lib, rs in rows.items()}
+        results["contention_cs_per_s_rounds"] = {
+            lib: [r["cs_per_s"] for r in rs] for lib, rs in rows.items()
+        }
         if "fencegate" in libs:
             for n in nodes:
                 n.flushall()
@@ -628,6 +681,19 @@ def ratio_line(table: dict[str, dict[str, float]], metric: str) -> str:
     return f"fencegate / fastest peer: **{fg / best:.2f}x**"
 
 
+def contention_note(rounds: dict[str, list[float]]) -> str:
+    """The rounds behind the contention table's medians, and fencegate's ratio per round."""
+    peers = [p for p in PEERS if p in rounds]
+    if "fencegate" not in rounds or not peers:
+        return ""
+    per_round = [fg / max(rounds[p][i] for p in peers) for i, fg in enumerate(rounds["fencegate"])]
+    return (
+        f"Medians of {len(per_round)} alternating rounds; fencegate / fastest peer per round "
+        f"{min(per_round):.2f}..{max(per_round):.2f}. round_trips_per_cs is counted "
+        "(MONITOR on node 0) in a separate 1 s run per library, not in the measured ones."
+    )
+
+
 def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     suffix = "-quick" if args.quick else ""
@@ -641,7 +707,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
     ]
     for key, table in results.items():
-        if not isinstance(table, dict) or key.startswith(("memory", "kinds")):
+        if not isinstance(table, dict) or key.startswith(("memory", "kinds", "contention_cs")):
             continue
         lines.append(f"## {key}")
         lines.append("")
@@ -655,6 +721,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         line = ratio_line(table, metric)
         if line:
             lines += ["", line]
+        if key == "contention/3node":
+            lines += ["", contention_note(results.get("contention_cs_per_s_rounds", {}))]
         raw = table.get("raw SET NX PX + DEL", {}).get(metric)
         if raw and "fencegate" in table:
             lines.append(
@@ -686,6 +754,9 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="*", help="library names to run")
     parser.add_argument("--rtt-ms", type=float, help="contention through a delay proxy only")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the --rtt-ms run")
+    parser.add_argument(
+        "--contention-rounds", type=int, default=3, help="alternating rounds of contention"
+    )
     ns = parser.parse_args()
     if ns.quick:
         ns.seconds, ns.names = 1.0, 20_000
