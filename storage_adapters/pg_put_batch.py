@@ -169,7 +169,11 @@ class PutBatches:
         await self._write(pool, conn, batch)
 
     def _take(self) -> list[_Put]:
-        """The oldest queued PUTs, one per scope and per key, within the batch's bounds."""
+        """The oldest queued PUTs, one per scope and per key, within the batch's bounds.
+
+        A PUT left in the queue still claims its scope and key: no later PUT of either
+        goes ahead of it (of A(s1, k1), B(s2, k1), C(s2, k2), only A goes now: B waits
+        for k1, and C for B's scope)."""
         queue = self._queue
         batch: list[_Put] = []
         scopes: set[str] = set()
@@ -187,11 +191,11 @@ class PutBatches:
                 or put.key in keys
             ):
                 left.append(put)
-                continue
-            batch.append(put)
+            else:
+                batch.append(put)
+                size += len(put.body)
             scopes.add(put.scope)
             keys.add(put.key)
-            size += len(put.body)
         self._queue = left
         return batch
 

@@ -143,6 +143,20 @@ async def test_one_scope_or_key_twice_goes_in_successive_batches_in_order(
     assert (await one.get("s", "b", None)).token == 6
 
 
+async def test_a_put_left_for_a_later_batch_keeps_its_place_for_its_scope(
+    one: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
+) -> None:
+    """B waits for A's key; C, of B's scope, must not go ahead of B: B's older token
+    would then be stale, where in the queue's order both are accepted."""
+    async with Blocked(one, admin, pg_dsn, pg_schema) as blocked:
+        tasks = await queued(
+            one, ("s1", "k1", 1, b"a"), ("s2", "k1", 5, b"b"), ("s2", "k2", 6, b"c")
+        )
+        await blocked.release()
+        assert await asyncio.gather(*tasks) == [1, 5, 6]
+    assert (one.batches.statements, one.batches.rows) == (3, 3)
+
+
 async def test_a_batch_the_server_refuses_is_rerun_one_put_at_a_time(
     one: PostgresStore, admin: asyncpg.Connection, pg_dsn: str, pg_schema: str
 ) -> None:
