@@ -542,7 +542,6 @@ async def rtt_main(args: argparse.Namespace) -> None:
         "rtt_ms": args.rtt_ms,
         "proxy_core": proxy.core,
     }
-    rows: dict[str, list[dict[str, float]]] = {lib: [] for lib in libs}
     try:
         results["ping_direct"] = await ping_rtt(nodes[0].url)
         results["ping_proxied"] = await ping_rtt(proxy.urls[0])

@@ -10,7 +10,7 @@ connection with no task, timer or future, and no reset round trip (the
 stores set no session state and use no LISTEN, cursors or session-level
 advisory locks, only transaction-scoped ones: nothing to undo). A
 connection whose block failed is kept only after an error the server
-answered on a live session (``_reusable_after``), open and outside a
+answered on a live session (``reusable_after``), open and outside a
 transaction; any other is terminated and replaced when next needed.
 """
 
@@ -375,7 +375,7 @@ class PgStoreBase(FencedStore):
                 connect_timeout=self._connect_timeout,
                 command_timeout=self._command_timeout,
                 server_settings=self._server_settings,
-                reusable_after=_reusable_after,
+                reusable_after=reusable_after,
             )
             try:
                 with pg_errors(self.name):
@@ -449,7 +449,7 @@ class PgStoreBase(FencedStore):
             raise await self._stale(conn, scope, token)
 
 
-def _reusable_after(exc: BaseException) -> bool:
+def reusable_after(exc: BaseException) -> bool:
     """A connection whose block raised ``exc`` may serve again (if open and not in a transaction).
 
     Yes after an error the server answered on a live session (a constraint, a stale

@@ -42,11 +42,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
 
-from storage_adapters._pg import DRIVER_ERRORS, _reusable_after, storage_error
+from storage_adapters._pg import DRIVER_ERRORS, reusable_after, storage_error
 from storage_adapters.errors import StaleToken, StorageError, StorageUnavailable
 from storage_adapters.pg_pool import PgPool
 
@@ -91,24 +92,14 @@ def batch_put_sql(schema_q: str, kv: str) -> str:
     )
 
 
+@dataclass(slots=True)
 class _Put:
-    __slots__ = ("body", "content_type", "done", "key", "scope", "token")
-
-    def __init__(
-        self,
-        scope: str,
-        key: str,
-        token: int,
-        body: bytes,
-        content_type: str,
-        done: asyncio.Future[None],
-    ) -> None:
-        self.scope = scope
-        self.key = key
-        self.token = token
-        self.body = body
-        self.content_type = content_type
-        self.done = done
+    scope: str
+    key: str
+    token: int
+    body: bytes
+    content_type: str
+    done: asyncio.Future[None]
 
 
 class PutBatches:
@@ -222,7 +213,7 @@ class PutBatches:
                 marks = {scope: int(token) for scope, token in rows}
         except BaseException as exc:
             pool.release(conn, exc)
-            refused = isinstance(exc, asyncpg.PostgresError) and _reusable_after(exc)
+            refused = isinstance(exc, asyncpg.PostgresError) and reusable_after(exc)
             self._fail(batch, RunAlone() if refused else exc)
             if not isinstance(exc, (Exception, asyncio.CancelledError)):
                 raise

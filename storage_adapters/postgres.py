@@ -48,6 +48,7 @@ from storage_adapters._pg import (
 )
 from storage_adapters.base import NO_HOOKS, Record, StoreHooks
 from storage_adapters.errors import NotFound
+from storage_adapters.pg_pool import PgPool
 from storage_adapters.pg_put_batch import PutBatches, RunAlone
 
 __all__ = ["PostgresStore"]
@@ -147,18 +148,28 @@ class PostgresStore(PgStoreBase):
     async def _put(
         self, scope: str, key: str, token: int | None, body: bytes, content_type: str
     ) -> int | None:
-        # ``async with self._conn()`` spelled out, as on no other path: the fenced PUT
-        # is the gateway's hottest store call, and the checkout's two coroutines cost.
         pool = self._require_started()
+        batched = False
         if token is not None and self.batches.wanted(pool):
             try:
                 await self.batches.put(scope, key, token, body, content_type)
+                batched = True
             except RunAlone:
                 pass  # the server refused its batch as a whole: alone, for its own answer
-            else:
-                if RECONNECT_LOG.reason is not None:
-                    RECONNECT_LOG.recovered(self.name)
-                return token
+        if not batched:
+            await self._put_alone(pool, scope, key, token, body, content_type)
+        if RECONNECT_LOG.reason is not None:  # the call ran: the server answers again
+            RECONNECT_LOG.recovered(self.name)
+        return token
+
+    async def _put_alone(
+        self, pool: PgPool, scope: str, key: str, token: int | None, body: bytes, content_type: str
+    ) -> None:
+        """The PUT in a statement of its own, on a connection of its own.
+
+        ``async with self._conn()`` spelled out, as on no other path: the fenced PUT
+        is the gateway's hottest store call, and the checkout's two coroutines cost.
+        """
         try:
             conn = await pool.acquire()
             try:
@@ -184,9 +195,6 @@ class PostgresStore(PgStoreBase):
             pool.release(conn)
         except DRIVER_ERRORS as exc:
             raise storage_error(self.name, exc) from exc
-        if RECONNECT_LOG.reason is not None:  # the call ran: the server answers again
-            RECONNECT_LOG.recovered(self.name)
-        return token
 
     async def _put_stmt(self, conn: Any) -> Any:
         """The fenced upsert prepared on ``conn``, kept for the connection's next PUTs.
