@@ -383,8 +383,47 @@ async def contention_rounds(
     return rows
 
 
+async def cycle_rounds(
+    libs: dict[str, Callable[[list[str]], Awaitable[Client]]],
+    nodes: list[RedisNode],
+    seconds: float,
+    rounds: int,
+) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """``one_client`` and ``many_workers`` on 1 and on 3 nodes, every library in each
+    of ``rounds`` rounds, the libraries' order reversed every other round: a library
+    measured in a quiet (or busy) minute of this shared machine is not alone in it."""
+    rows: dict[str, dict[str, list[dict[str, float]]]] = {}
+    names = list(libs)
+    for rnd in range(rounds):
+        for count in (1, 3):
+            urls = [n.url for n in nodes[:count]]
+            for scenario in ("one_client", "32_workers"):
+                key = f"{scenario}/{count}node"
+                by_lib = rows.setdefault(key, {})
+                for lib in names if rnd % 2 == 0 else names[::-1]:
+                    if lib == "redis-py Lock" and count > 1:
+                        continue  # one node only: not a Redlock
+                    for n in nodes:
+                        n.flushall()
+                    if scenario == "one_client":
+                        r = await one_client(libs[lib], urls, seconds)
+                    else:
+                        r = await many_workers(libs[lib], urls, seconds)
+                    by_lib.setdefault(lib, []).append(r)
+                    print(f"round {rnd + 1} {key:18} {lib:26} {json.dumps(r)}", flush=True)
+    return rows
+
+
+COUNTED: tuple[str, ...] = ("errors", "workers_gave_up")
+"""Summed over the rounds, not their median: one round's failures are not outvoted."""
+
+
 def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {m: statistics.median(r[m] for r in rows) for m in rows[0]}
+    """Each metric's median over the rounds; counts of failures (``COUNTED``) summed."""
+    return {
+        m: sum(r[m] for r in rows) if m in COUNTED else statistics.median(r[m] for r in rows)
+        for m in rows[0]
+    }
 
 
 async def kinds(urls: list[str], seconds: float, readers: int = 16) -> dict[str, dict[str, float]]:
@@ -626,22 +665,13 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[str, Any] = {"machine": machine, "seconds_per_case": args.seconds}
     libs = {k: v for k, v in LIBRARIES.items() if not args.only or k in args.only}
     try:
-        for count in (1, 3):
-            urls = [n.url for n in nodes[:count]]
-            for scenario in ("one_client", "32_workers"):
-                key = f"{scenario}/{count}node"
-                results[key] = {}
-                for lib, make in libs.items():
-                    if lib == "redis-py Lock" and count > 1:
-                        continue
-                    for n in nodes:
-                        n.flushall()
-                    if scenario == "one_client":
-                        r = await one_client(make, urls, args.seconds)
-                    else:
-                        r = await many_workers(make, urls, args.seconds)
-                    results[key][lib] = r
-                    print(f"{key:22} {lib:26} {json.dumps(r)}", flush=True)
+        rows = await cycle_rounds(libs, nodes, args.seconds, args.rounds)
+        for key, by_lib in rows.items():
+            results[key] = {lib: median_row(rs) for lib, rs in by_lib.items()}
+        results["cycles_per_s_rounds"] = {
+            key: {lib: [r["cycles_per_s"] for r in rs] for lib, rs in by_lib.items()}
+            for key, by_lib in rows.items()
+        }
         urls = [n.url for n in nodes]
         contenders = {
             lib: make
@@ -680,17 +710,24 @@ def ratio_line(table: dict[str, dict[str, float]], metric: str) -> str:
     return f"fencegate / fastest peer: **{fg / best:.2f}x**"
 
 
-def contention_note(rounds: dict[str, list[float]]) -> str:
-    """The rounds behind the contention table's medians, and fencegate's ratio per round."""
+def rounds_note(rounds: dict[str, list[float]], metric: str = "cs_per_s") -> str:
+    """The rounds behind a table's medians, and fencegate's ratio per round."""
     peers = [p for p in PEERS if p in rounds]
     if "fencegate" not in rounds or not peers:
         return ""
     per_round = [fg / max(rounds[p][i] for p in peers) for i, fg in enumerate(rounds["fencegate"])]
-    return (
+    note = (
         f"Medians of {len(per_round)} alternating rounds; fencegate / fastest peer per round "
-        f"{min(per_round):.2f}..{max(per_round):.2f}. round_trips_per_cs is counted "
-        "(MONITOR on node 0) in a separate 1 s run per library, not in the measured ones."
+        f"{min(per_round):.2f}..{max(per_round):.2f}"
+        f" (median {statistics.median(per_round):.2f}); errors and workers_gave_up summed over"
+        " the rounds."
     )
+    if metric == "cs_per_s":
+        note += (
+            " round_trips_per_cs is counted (MONITOR on node 0) in a separate 1 s run per"
+            " library, not in the measured ones."
+        )
+    return note
 
 
 def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
@@ -706,7 +743,9 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
     ]
     for key, table in results.items():
-        if not isinstance(table, dict) or key.startswith(("memory", "kinds", "contention_cs")):
+        if not isinstance(table, dict) or key.startswith(
+            ("memory", "kinds", "contention_cs", "cycles_per_s")
+        ):
             continue
         lines.append(f"## {key}")
         lines.append("")
@@ -721,7 +760,9 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         if line:
             lines += ["", line]
         if key == "contention/3node":
-            lines += ["", contention_note(results.get("contention_cs_per_s_rounds", {}))]
+            lines += ["", rounds_note(results.get("contention_cs_per_s_rounds", {}))]
+        elif key in results.get("cycles_per_s_rounds", {}):
+            lines += ["", rounds_note(results["cycles_per_s_rounds"][key], metric)]
         raw = table.get("raw SET NX PX + DEL", {}).get(metric)
         if raw and "fencegate" in table:
             lines.append(
@@ -752,11 +793,14 @@ if __name__ == "__main__":
     parser.add_argument("--names", type=int, default=1_000_000)
     parser.add_argument("--only", nargs="*", help="library names to run")
     parser.add_argument("--rtt-ms", type=float, help="contention through a delay proxy only")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the --rtt-ms run")
+    parser.add_argument(
+        "--rounds", type=int, default=3,
+        help="alternating rounds of one_client and 32_workers, or of the --rtt-ms run",
+    )  # fmt: skip
     parser.add_argument(
         "--contention-rounds", type=int, default=3, help="alternating rounds of contention"
     )
     ns = parser.parse_args()
     if ns.quick:
-        ns.seconds, ns.names = 1.0, 20_000
+        ns.seconds, ns.names, ns.rounds, ns.contention_rounds = 1.0, 20_000, 2, 2
     uvloop.run(rtt_main(ns) if ns.rtt_ms else main(ns))
