@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -474,15 +474,29 @@ async def test_a_changing_gateway_waits_for_a_moved_name_in_either_group(
         await changing.release(lease)
     held = await after.acquire(name, ttl=MAX_TTL)
     waiting = asyncio.create_task(changing.acquire(name, ttl=MAX_TTL, wait=MAX_TTL))
-    await asyncio.sleep(0.2)  # it holds group a now, and waits for b
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    await asyncio.sleep(0.05)
-    for url in a.urls:  # group a was given back at once
-        client = aioredis.from_url(url)
-        assert await client.get(lock_key(name)) is None
-        await client.aclose()
+    clients = [aioredis.from_url(url) for url in a.urls]
+    try:
+
+        async def held_in_a() -> int:
+            return sum([await c.get(lock_key(name)) is not None for c in clients])
+
+        async def until(check: Callable[[int], bool], seconds: float) -> int:
+            for _ in range(int(seconds / 0.01)):  # bounded polling: no fixed sleep
+                if check(await held_in_a()):
+                    break
+                await asyncio.sleep(0.01)
+            return await held_in_a()
+
+        quorum = len(a.urls) // 2 + 1
+        assert await until(lambda n: n >= quorum, 1.0) >= quorum  # it holds a, waits for b
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        # group a is given back at once: well before its grant of MAX_TTL would expire
+        assert await until(lambda n: n == 0, MAX_TTL / 2) == 0
+    finally:
+        for c in clients:
+            await c.aclose()
 
 
 async def test_lock_kinds_of_a_moved_name_hold_in_both_groups(
