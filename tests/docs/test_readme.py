@@ -35,12 +35,13 @@ from prometheus_client import CollectorRegistry
 from gateway.app import create_app
 from gateway.config import DEFAULT_STORES, parse_config
 from tests._gateway import ServeClient
-from tests._servers import RedisNode
+from tests._servers import RedisNode, free_port
 from tests.docs._blocks import ROOT, Block, Substitutions, all_blocks, blocks, shell_commands
 from tests.faults.test_gateway_two_processes import gateways, http_session
 
 NOT_RUN = {
     ("README.md", "./dev serve"),  # installs packages and serves on the fixed port 8080
+    ("README.md", ". .venv/bin/activate"),  # test_the_three_node_setup_..., on free ports
     ("deploy/README.md", "docker compose -f deploy/compose.yaml up --build"),  # no Docker here
     # the in-database fencing examples: a config file on disk, connections to the table
     ("README.md", "fencegate pg install-fencing --config fencegate.toml --store accounts"),
@@ -257,3 +258,54 @@ async def test_readme_api_key_can_take_the_fence_lock_of_every_key_it_may_write(
         written = await client.put(f"/v1/stores/{store}/{name}", data=body,
                                    headers={**bearer, "X-Fencing-Token": str(token)})  # fmt: skip
         assert written.status == 200, (prefix, await written.text())
+
+
+THREE_NODES = next(b for b in all_blocks() if b.first_line.startswith(". .venv/bin/activate"))
+
+
+async def test_the_three_node_setup_serves_both_gateways_over_the_nodes(tmp_path: Path) -> None:
+    """The README's three-node set-up as written, on free ports: it starts three nodes
+    and two gateways over them, and an acquire repeated with its Idempotency-Key
+    through the second gateway gets the first one's lease (one lock service)."""
+    activate = Path(sys.executable).parent / "activate"
+    if not activate.exists():
+        pytest.skip("the tests do not run from a virtualenv: no .venv/bin/activate")
+    text = THREE_NODES.text.replace(". .venv/bin/activate", f". {activate}")
+    ports = {p: free_port() for p in ("7101", "7102", "7103", "8080", "8082")}
+    nodes = " ".join(str(ports[p]) for p in ("7101", "7102", "7103"))
+    text = text.replace("for port in 7101 7102 7103;", f"for port in {nodes};")
+    for doc, real in ports.items():
+        text = text.replace(f"127.0.0.1:{doc}", f"127.0.0.1:{real}")
+    assert not any(doc in text for doc in ports), text  # every fixed port replaced
+    one, two = f"127.0.0.1:{ports['8080']}", f"127.0.0.1:{ports['8082']}"
+    script = f"""set -uo pipefail
+cleanup() {{
+    kill $(jobs -p) 2>/dev/null; wait
+    for p in {nodes}; do redis-cli -p $p shutdown nosave >/dev/null 2>&1; done
+}}
+trap cleanup EXIT
+set -e
+{text}
+for url in {one} {two}; do
+    for i in $(seq 1 150); do
+        curl -sf -o /dev/null $url/readyz && break
+        sleep 0.2
+    done
+done
+key='Idempotency-Key: readme-three-nodes'
+a=$(curl -sf -XPOST {one}/v1/locks/jobs/readme -H "$key" -d '{{"ttl_ms": 10000}}')
+b=$(curl -sf -XPOST {two}/v1/locks/jobs/readme -H "$key" -d '{{"ttl_ms": 10000}}')
+echo "$a"
+echo "$b"
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEGATE_")}
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, f"stdout: {out.decode()}\nstderr: {err.decode()[-4000:]}"
+    first, second = (json.loads(line) for line in out.decode().splitlines())
+    assert first["lease_id"] == second["lease_id"]
+    assert first["token"] == second["token"]
+    assert (tmp_path / "fencegate-data").is_dir()  # the default files store, where it ran
