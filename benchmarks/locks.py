@@ -29,6 +29,7 @@ import asyncio
 import gc
 import itertools
 import json
+import math
 import os
 import platform
 import resource
@@ -162,15 +163,19 @@ async def aioredlock_client(urls: list[str]) -> Client:
     mgr = Aioredlock(hosts, retry_count=1000, retry_delay_min=0.1, retry_delay_max=0.3)
 
     async def acquire(name: str) -> Any:
+        # Its own retry loop, as its users call it. A try that misses a majority keeps
+        # (and, retrying, renews) the nodes it got: three workers holding one node each
+        # wait for each other until their lock() calls end (aioredlock 0.7.3,
+        # algorithm.py _set_lock and redis.py SET_LOCK_SCRIPT); the README says so.
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30.0
+        deadline = loop.time() + 10.0  # the wait every library gets
         while loop.time() < deadline:
             try:  # one lock() call retries up to retry_count times: bound it too
                 return await asyncio.wait_for(mgr.lock(name, lock_timeout=10),
                                               deadline - loop.time())  # fmt: skip
             except LockError:
                 continue
-        raise TimeoutError("aioredlock did not get the lock in 30 s")
+        raise TimeoutError("aioredlock did not get the lock in 10 s")
 
     async def release(lock: Any) -> None:
         await mgr.unlock(lock)
@@ -419,11 +424,14 @@ COUNTED: tuple[str, ...] = ("errors", "workers_gave_up")
 
 
 def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's median over the rounds; counts of failures (``COUNTED``) summed."""
-    return {
-        m: sum(r[m] for r in rows) if m in COUNTED else statistics.median(r[m] for r in rows)
-        for m in rows[0]
-    }
+    """Each metric's median over the rounds that have it (a round with no takeover has
+    NaN latencies), NaN if none has; counts of failures (``COUNTED``) summed."""
+
+    def median(m: str) -> float:
+        known = [r[m] for r in rows if not math.isnan(r[m])]
+        return statistics.median(known) if known else math.nan
+
+    return {m: sum(r[m] for r in rows) if m in COUNTED else median(m) for m in rows[0]}
 
 
 async def kinds(urls: list[str], seconds: float, readers: int = 16) -> dict[str, dict[str, float]]:

@@ -39,3 +39,16 @@ def test_failures_add_up_over_the_rounds_and_rates_take_the_median() -> None:
         ]
     )
     assert row == {"cycles_per_s": 20.0, "errors": 2, "workers_gave_up": 8}
+
+
+def test_a_round_without_takeovers_does_not_void_the_others_latency() -> None:
+    nan = float("nan")
+    row = median_row(
+        [
+            {"takeover_p50_ms": 2.0, "cs_per_s": 500.0},
+            {"takeover_p50_ms": nan, "cs_per_s": 0.0},  # a stalled round: no takeover
+            {"takeover_p50_ms": 4.0, "cs_per_s": 400.0},
+        ]
+    )
+    assert row == {"takeover_p50_ms": 3.0, "cs_per_s": 400.0}
+    assert median_row([{"takeover_p50_ms": nan}])["takeover_p50_ms"] != 0  # NaN: none known
