@@ -36,7 +36,7 @@ from lockservice.kinds import Kind, SemaphoreAPI, handle_lease
 from lockservice.lease import EXCLUSIVE, Lease, LockInfo, validate_mode, validate_name, validate_ttl
 from lockservice.placement import GroupSpec
 from lockservice.renew import Renewal, hold
-from lockservice.turns import Turns, Wait
+from lockservice.turns import Turn, Turns, Wait
 
 __all__ = ["LockManager"]
 
@@ -195,8 +195,7 @@ class LockManager(SemaphoreAPI):
         if turn.users > 1:  # behind other local tasks asking for the same name
             try:
                 waited.begin()
-                async with asyncio.timeout_at(deadline):
-                    await Turns.wait(turn)
+                await Turns.wait(turn, deadline)
             except TimeoutError:
                 self._turns.leave(name, turn)
                 waited.end(timed_out=True)
@@ -208,7 +207,7 @@ class LockManager(SemaphoreAPI):
                 raise
         # else the turn is free and ours: no lock, no timer
         try:
-            lease = await self._contend(name, lease_id, ttl, deadline, ticket, waited, kind)
+            lease = await self._contend(name, lease_id, ttl, deadline, ticket, waited, kind, turn)
             result = "granted"
             return lease
         except LockHeld:
@@ -236,6 +235,7 @@ class LockManager(SemaphoreAPI):
         ticket: str,
         waited: Wait,
         kind: Kind,
+        turn: Turn,
     ) -> Lease:
         loop = asyncio.get_running_loop()
         backend = self._backend
@@ -291,9 +291,11 @@ class LockManager(SemaphoreAPI):
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     assert woken is not None  # time left to wait: a ticket
                     timer = loop.call_later(sleep, _wake_up, woken)
+                    turn.sleeping = True  # tasks queued behind it stop at their deadline
                     try:
                         await woken  # a release of this name, or the timer
                     finally:
+                        turn.sleeping = False
                         timer.cancel()
                 finally:
                     if ticket:

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Final
 
 from lockservice.events import ContentionObserver, LockEvents
 
-__all__ = ["Turn", "Turns", "Wait"]
+__all__ = ["TRY_GRACE", "Turn", "Turns", "Wait"]
+
+TRY_GRACE: Final = 0.25
+"""How long a task waits for the local tries ahead of it, even with no wait of its own.
+
+A turn ahead that is trying (a round trip) is not a held lock: compatible requests
+sent together (shared leases, a semaphore's permits) each get theirs, one try after
+the other, where failing them at once would refuse a lease that was free. A turn
+whose holder waits for the lock (between tries) ends a task's wait at its deadline."""
 
 
 class Turn:
@@ -25,10 +34,11 @@ class Turn:
     task queues on that lock, in arrival order.
     """
 
-    __slots__ = ("lock", "users")
+    __slots__ = ("lock", "sleeping", "users")
 
     def __init__(self) -> None:
         self.lock: asyncio.Lock | None = None
+        self.sleeping = False  # its holder waits for the lock between tries
         self.users = 0
 
     def release(self) -> None:
@@ -53,16 +63,21 @@ class Turns:
         return turn
 
     @staticmethod
-    async def wait(turn: Turn) -> None:
-        """Queue for a turn that another task holds or is queued for (``users > 1``)."""
-        lock = turn.lock
-        if lock is None:
-            # Held by the task that took it free, without a lock: take the new lock in
-            # its place (a free asyncio.Lock is taken without suspending), so that its
-            # ``Turn.release`` hands the turn to the tasks queued from now on.
-            lock = turn.lock = asyncio.Lock()
+    async def wait(turn: Turn, deadline: float) -> None:
+        """Queue for a turn that another task holds or is queued for (``users > 1``),
+        until loop time ``deadline``, or ``TRY_GRACE`` from now if that is later and
+        the holder is trying, not waiting for the lock. Raises ``TimeoutError``."""
+        loop = asyncio.get_running_loop()
+        at = deadline if turn.sleeping else max(deadline, loop.time() + TRY_GRACE)
+        async with asyncio.timeout_at(at):
+            lock = turn.lock
+            if lock is None:
+                # Held by the task that took it free, without a lock: take the new lock
+                # in its place (a free asyncio.Lock is taken without suspending), so that
+                # its ``Turn.release`` hands the turn to the tasks queued from now on.
+                lock = turn.lock = asyncio.Lock()
+                await lock.acquire()
             await lock.acquire()
-        await lock.acquire()
 
     def leave(self, name: str, turn: Turn) -> None:
         turn.users -= 1

@@ -371,3 +371,48 @@ async def test_a_repeat_after_the_leases_validity_ended_acquires_afresh(
         again = await mgr.acquire(f"k/late/{i}", ttl=0.3, wait=1.0, idempotency_key="K")
         assert again.remaining() > 0, i
         assert again.lease_id != lease.lease_id or again.valid_until > lease.valid_until
+
+
+async def test_compatible_requests_sent_together_without_waiting_each_get_a_lease(
+    make_manager: MakeManager,
+) -> None:
+    """Local tries of one name go one at a time; a request without a wait behind a
+    try (not a held lock) waits for it, so shared leases and a semaphore's permits
+    asked for at once are all granted, while one exclusive lease of many is."""
+    mgr = await make_manager()
+    shared = await asyncio.gather(
+        *(mgr.acquire("kinds/together", ttl=10.0, mode="shared") for _ in range(10))
+    )
+    assert len({s.lease_id for s in shared}) == 10
+    for lease in shared:
+        await mgr.release(lease)
+    permits = await asyncio.gather(
+        *(mgr.acquire_semaphore("kinds/sem-together", 100, ttl=10.0) for _ in range(20))
+    )
+    assert len({p.lease_id for p in permits}) == 20
+    for lease in permits:
+        await mgr.release(lease)
+    outcomes = await asyncio.gather(
+        *(mgr.acquire("kinds/excl-together", ttl=10.0) for _ in range(10)),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(o, Lease) for o in outcomes) == 1
+    assert sum(isinstance(o, LockHeld) for o in outcomes) == 9
+
+
+async def test_a_request_without_a_wait_behind_a_waiting_one_is_refused_at_once(
+    make_manager: MakeManager,
+) -> None:
+    """Behind a local task that waits for a held lock (between its tries), a request
+    without a wait of its own is refused at once, not after the tries' grace."""
+    mgr = await make_manager()
+    held = await mgr.acquire("kinds/busy", ttl=10.0)
+    waiting = asyncio.create_task(mgr.acquire("kinds/busy", ttl=10.0, wait=5.0))
+    await asyncio.sleep(0.3)  # its first try was refused: it waits for a release
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(LockHeld):
+        await mgr.acquire("kinds/busy", ttl=10.0, mode="shared")
+    assert loop.time() - start < 0.15  # well below TRY_GRACE (0.25 s)
+    await mgr.release(held)
+    await mgr.release(await waiting)

@@ -10,7 +10,7 @@ import redis
 
 from lockservice import LockHeld, LockManager
 from lockservice.backend import Attempt
-from lockservice.turns import Turns
+from lockservice.turns import TRY_GRACE, Turns
 from tests._servers import RedisNode
 
 
@@ -215,7 +215,7 @@ async def test_a_turn_taken_free_queues_later_tasks_in_order() -> None:
         assert turn is first
         assert turn.users > 1
         try:
-            await Turns.wait(turn)
+            await Turns.wait(turn, asyncio.get_running_loop().time() + 10)
             order.append(label)
             await asyncio.sleep(0)
             turn.release()
@@ -226,7 +226,7 @@ async def test_a_turn_taken_free_queues_later_tasks_in_order() -> None:
         turn = turns.join("t")
         try:
             async with asyncio.timeout(0.01):
-                await Turns.wait(turn)
+                await Turns.wait(turn, asyncio.get_running_loop().time() + 10)
         finally:
             turns.leave("t", turn)
 
@@ -244,3 +244,26 @@ async def test_a_turn_taken_free_queues_later_tasks_in_order() -> None:
     await asyncio.gather(second, third)
     assert order == ["second", "third"]
     assert turns.join("u").lock is None  # "t" is forgotten; a new name starts free
+
+
+async def test_a_task_without_a_wait_waits_for_a_try_ahead_but_not_for_a_waiting_holder() -> None:
+    """``Turns.wait`` past its deadline: TRY_GRACE while the holder tries, none while
+    it waits for the lock between tries (``Turn.sleeping``)."""
+    turns = Turns()
+    holder = turns.join("t")
+    loop = asyncio.get_running_loop()
+    behind = turns.join("t")
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        await Turns.wait(behind, start)  # the holder tries and never ends its turn
+    assert loop.time() - start >= TRY_GRACE * 0.9
+    holder.sleeping = True
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        await Turns.wait(behind, start)
+    assert loop.time() - start < TRY_GRACE / 2
+    holder.sleeping = False
+    waiting = asyncio.create_task(Turns.wait(behind, loop.time()))
+    await asyncio.sleep(0.01)
+    holder.release()  # the try ahead ended within the grace: the turn is its
+    await waiting
