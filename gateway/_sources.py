@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, NoReturn, cast
@@ -61,17 +62,24 @@ STORE_KEYS: Final = {
 AUTH_KEY_KEYS: Final = {"name", "sha256", "locks", "stores", "verbs"}
 
 
+_SECRET_PARAM = re.compile(r"(?i)(^|[&;])((?:ssl)?password=)[^&;]*")
+"""A password in a URL's query (libpq and the MySQL drivers take ``?password=``)."""
+
+
 def redact(text: str) -> str:
-    """``text`` with the password of a URL in it replaced by ``***``."""
+    """``text`` with the passwords of a URL in it replaced by ``***``: the one after the
+    user name, and any ``password`` or ``sslpassword`` of its query."""
     try:
         parts = urlsplit(text)
     except ValueError:
         return "<unparsable url>"
-    if parts.password is None:
-        return text
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.query:
+        parts = parts._replace(query=_SECRET_PARAM.sub(r"\1\2***", parts.query))
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    return urlunsplit(parts)
 
 
 class Reader:

@@ -297,3 +297,18 @@ def test_file_errors(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "listen = "))
+
+
+def test_a_dsn_password_in_the_query_is_never_shown() -> None:
+    """DESIGN: secrets (DSN passwords) are never logged: the store's start line and a
+    config error hide a ``password`` or ``sslpassword`` of the DSN's query as well."""
+    dsn = "postgresql://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&password=hunter3"
+    config = parse_config({"stores": {"kv": {"type": "postgres", "dsn": dsn}}})
+    line = config.stores["kv"].describe()
+    assert "hunter" not in line
+    assert "sslmode=disable&password=***" in line
+    bad = dsn.replace(":1/", ":notaport/").replace("disable", "disable&SSLPASSWORD=s3cret")
+    with pytest.raises(ConfigError) as err:
+        parse_config({"stores": {"kv": {"type": "postgres", "dsn": bad}}})
+    assert "hunter" not in str(err.value)
+    assert "s3cret" not in str(err.value)
