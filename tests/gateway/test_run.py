@@ -202,6 +202,13 @@ def test_the_cli_runs_a_command_under_the_lock_and_exits_with_its_status(
         refused = subprocess.run(flagged, capture_output=True, text=True, timeout=30)
         assert refused.returncode == 2
         assert "unrecognized arguments: --json" in refused.stderr
+        # a name the lock routes refuse: not taken (exit 1), one line, no traceback
+        renew = [*fencegate, "jobs/renew", "--", PY, "-c", "print('ran')"]
+        bad = subprocess.run(renew, capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 1, bad.stderr
+        assert "not taken" in bad.stderr
+        assert "Traceback" not in bad.stderr
+        assert "ran" not in bad.stdout
     finally:
         gateway.terminate()
         gateway.wait(30)
