@@ -62,7 +62,11 @@ from gateway._sources import (
 )
 from gateway.errors import ConfigError
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
-from gateway.store_config import StoreConfig, parse_store  # StoreConfig: re-exported
+from gateway.store_config import (  # StoreConfig: re-exported
+    StoreConfig,
+    check_overlaps,
+    parse_store,
+)
 from lockservice.node import parse_node_url
 from lockservice.placement import GroupSpec
 
@@ -219,6 +223,7 @@ def parse_config(raw: Mapping[str, Any], *, origins: Mapping[str, str] | None = 
     stores: dict[str, StoreConfig] = {}
     for name, table in r.table(raw, "stores").items():
         stores[name] = parse_store(r, name, table)
+    check_overlaps(r, stores)
     keys = _parse_auth(r, r.table(raw, "auth"))
     listen = _address(r, raw, "listen") or Address("127.0.0.1", 8080)
     tls_raw = r.table(raw, "tls")

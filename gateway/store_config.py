@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -144,6 +145,51 @@ def parse_store(r: Reader, name: str, t: Any) -> StoreConfig:
         key_column=key_column,
         columns=columns,
     )
+
+
+def check_overlaps(r: Reader, stores: Mapping[str, StoreConfig]) -> None:
+    """Refuse two stores over the same data: a file, object or row reachable through
+    both would have a mark in each scope, and a write through one would pass a stale
+    token that the other refuses. Files roots nested or equal, s3 prefixes of one
+    bucket nested or equal, one existing table twice (by its DSN as written)."""
+    seen: list[tuple[str, str, StoreConfig]] = []
+    for name, store in stores.items():
+        for other_name, other_path, other in seen:
+            clash = _overlap(store, other)
+            if clash is not None:
+                path, value, what = clash
+                r.fail(
+                    f"stores.{name}.{path}",
+                    value,
+                    f"{what} of store {other_name!r} ({other_path}): data under both "
+                    "would be fenced by two marks; give each store its own",
+                )
+        seen.append((name, _where(store), store))
+
+
+def _where(store: StoreConfig) -> str:
+    if store.type == "files":
+        return f"root {store.root}"
+    if store.type == "s3":
+        return f"bucket {store.bucket}, prefix {store.prefix!r}"
+    return f"table {store.schema}.{store.table}" if store.table else "its key-value table"
+
+
+def _overlap(a: StoreConfig, b: StoreConfig) -> tuple[str, object, str] | None:
+    """(key, value, what it overlaps) when ``a`` and ``b`` reach the same data."""
+    if a.type != b.type:
+        return None
+    if a.type == "files" and a.root and b.root:
+        ra, rb = Path(a.root).resolve(), Path(b.root).resolve()
+        if ra == rb or rb in ra.parents or ra in rb.parents:
+            return "root", a.root, "overlaps the root"
+    elif a.type == "s3":
+        same_bucket = (a.endpoint, a.bucket) == (b.endpoint, b.bucket)
+        if same_bucket and (a.prefix.startswith(b.prefix) or b.prefix.startswith(a.prefix)):
+            return "prefix", a.prefix, "overlaps the prefix"
+    elif a.table and (a.dsn, a.schema, a.table) == (b.dsn, b.schema, b.table):
+        return "table", a.table, "is the table"
+    return None
 
 
 def _parse_s3(r: Reader, name: str, t: Mapping[str, Any], fencing: Fencing) -> StoreConfig:

@@ -312,3 +312,50 @@ def test_a_dsn_password_in_the_query_is_never_shown() -> None:
         parse_config({"stores": {"kv": {"type": "postgres", "dsn": bad}}})
     assert "hunter" not in str(err.value)
     assert "s3cret" not in str(err.value)
+
+
+_LEGACY: dict[str, Any] = {
+    "type": "postgres", "dsn": "postgresql://h/d", "table": "t", "key_column": "id",
+    "columns": ["v"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stores", "words"),
+    [
+        ({"a": {"type": "files", "root": "/srv/fg"}, "b": {"type": "files", "root": "/srv/fg/b"}},
+         ["'stores.b.root'", "store 'a'", "root /srv/fg"]),
+        ({"a": {"type": "files", "root": "/srv/fg/"},
+          "b": {"type": "files", "root": "/srv/x/../fg"}},
+         ["'stores.b.root'", "store 'a'"]),
+        ({"a": {"type": "s3", "bucket": "bkt-1", "prefix": "orders/"},
+          "b": {"type": "s3", "bucket": "bkt-1"}},
+         ["'stores.b.prefix'", "store 'a'", "prefix 'orders/'"]),
+        ({"a": _LEGACY, "b": {**_LEGACY, "fencing": "lease"}},
+         ["'stores.b.table'", "store 'a'", "table public.t"]),
+    ],
+)  # fmt: skip
+def test_two_stores_over_the_same_data_are_refused(
+    stores: dict[str, Any], words: list[str]
+) -> None:
+    """A file, object or row reachable through two stores would be fenced by two
+    marks: a token stale in one passes the other."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"stores": stores})
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_stores_side_by_side_are_accepted() -> None:
+    config = parse_config({"stores": {
+        "a": {"type": "files", "root": "/srv/fg/a"},
+        "b": {"type": "files", "root": "/srv/fg/b"},
+        "c": {"type": "s3", "bucket": "bkt-1", "prefix": "a/"},
+        "d": {"type": "s3", "bucket": "bkt-1", "prefix": "b/"},
+        "e": {"type": "s3", "bucket": "bkt-2", "prefix": "a/"},
+        "kv": {"type": "postgres", "dsn": "postgresql://h/d"},
+        "kv2": {"type": "postgres", "dsn": "postgresql://h/d"},  # rows keyed by store
+        "t1": _LEGACY,
+        "t2": {**_LEGACY, "table": "u"},
+    }})  # fmt: skip
+    assert len(config.stores) == 9
