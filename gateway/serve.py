@@ -43,6 +43,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gateway.app import CONFIG, StartupError, create_app, start_draining
 from gateway.config import Address, Config, ConfigError
+from gateway.parse_errors import JsonErrorRunner
 from gateway.shared import SharedDir, scrape_registry
 from gateway.tls import server_ssl_context
 
@@ -184,12 +185,13 @@ def app_runner(app: web.Application, *, access_log: bool = False) -> web.AppRunn
       requests.
     - Requests in flight at shutdown get ``shutdown_timeout_ms`` less the grace
       period and the time kept for closing connections.
+    - A request aiohttp's parser refuses is answered in JSON too (``parse_errors``).
 
     In-process tests serve the app through this too (``tests/_gateway.py``).
     """
     options: dict[str, Any] = {} if access_log else {"access_log": None}
     _, in_flight = _shutdown_periods(app[CONFIG])
-    return web.AppRunner(app, handler_cancellation=False, shutdown_timeout=in_flight, **options)
+    return JsonErrorRunner(app, handler_cancellation=False, shutdown_timeout=in_flight, **options)
 
 
 def _shutdown_periods(config: Config) -> tuple[float, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -260,3 +261,36 @@ def test_a_request_the_http_parser_refuses_is_400_without_a_logged_traceback(
     assert "stopped" in stderr, stderr
     assert "Traceback" not in stderr, stderr
     assert "Error handling request" not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v1/locks/a HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"PUT /v1/stores/files/k HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+        b"Content-Type: text/html\r\nContent-Length: 1\r\n\r\nx",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n",
+    ],
+    ids=["unknown-method", "negative-length", "two-content-types", "header-too-long"],
+)
+async def test_a_request_the_http_parser_refuses_gets_a_json_error(
+    client: Client, head: bytes
+) -> None:
+    """DESIGN: errors are JSON. aiohttp answers these before any route or middleware,
+    in text/plain of its own; the gateway's server answers them as its errors."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 10)  # it closes the connection
+    finally:
+        writer.close()
+    status_line, _, rest = raw.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line.split()[1] == b"400", raw[:300]
+    assert b"content-type: application/json" in headers.lower(), raw[:300]
+    data = json.loads(body)
+    assert data["error"] == "bad_request"
+    assert data["message"]
+    assert "Traceback" not in data["message"]
