@@ -264,6 +264,31 @@ async def test_quorum_unavailable_is_503(start: Start, redis3: list[RedisNode]) 
         redis3[2].resume()
 
 
+async def test_five_nodes_grant_with_two_out_and_answer_503_with_three_out(
+    start: Start, redis5: list[RedisNode]
+) -> None:
+    """DESIGN: 1, 3 or 5 nodes. Over five, quorum 3: two paused nodes leave the lock
+    routes and /readyz working, a third makes them 503."""
+    client = await start(make_config(lock_urls=[n.url for n in redis5]))
+    redis5[0].pause()
+    redis5[1].pause()
+    try:
+        granted = await client.post("/v1/locks/five", json={"ttl_ms": 5000})
+        assert granted.status == 200, await granted.text()
+        lease = await granted.json()
+        assert (await client.post("/v1/locks/five", json={"ttl_ms": 5000})).status == 409
+        assert (await client.get("/readyz")).status == 200
+        gone = await client.delete("/v1/locks/five", headers={"X-Lease-Id": lease["lease_id"]})
+        assert gone.status == 204
+        redis5[2].pause()
+        response = await client.post("/v1/locks/five2", json={"ttl_ms": 1000})
+        assert response.status == 503
+        assert (await response.json())["error"] == "quorum_unavailable"
+    finally:
+        for node in redis5[:3]:
+            node.resume()
+
+
 async def test_a_5xx_that_every_request_meets_is_logged_once_a_second_not_per_request(
     start: Start, redis3: list[RedisNode], caplog: pytest.LogCaptureFixture
 ) -> None:
