@@ -27,6 +27,7 @@ from storage_adapters.errors import (
 )
 
 __all__ = [
+    "INTERNAL",
     "STATUS",
     "BadRequest",
     "BadToken",
@@ -45,8 +46,18 @@ __all__ = [
     "UnknownStore",
     "error_data",
     "error_headers",
+    "reason_code",
     "status_of",
 ]
+
+INTERNAL: Final = {"error": "internal", "message": "internal error; see the gateway log"}
+"""The body of every 500: what went wrong is logged, never sent."""
+
+
+def reason_code(reason: str) -> str:
+    """The error code of an HTTP status aiohttp answers by itself (``Request Timeout``:
+    ``request_timeout``)."""
+    return reason.lower().replace(" ", "_")
 
 
 class ConfigError(Exception):

@@ -37,6 +37,7 @@ from gateway.config import ApiKey
 from gateway.cuts import Cut
 from gateway.deadlines import Deadlines
 from gateway.errors import (
+    INTERNAL,
     BadRequest,
     Forbidden,
     GatewayError,
@@ -48,6 +49,7 @@ from gateway.errors import (
     Unauthorized,
     error_data,
     error_headers,
+    reason_code,
     status_of,
 )
 from gateway.headers import json_answer, one_header
@@ -251,7 +253,7 @@ def _from_http(exc: web.HTTPException, body_limit: int) -> GatewayError:
     if exc.status == 404:
         return RouteNotFound("no route for this path; see GET /v1/openapi.json")
     error = GatewayError(exc.reason.lower())
-    error.code = exc.reason.lower().replace(" ", "_")
+    error.code = reason_code(exc.reason)
     return error
 
 
@@ -266,9 +268,7 @@ def _render(request: web.Request, label: str, state: GatewayState, exc: Exceptio
         return web.Response(status=499)
     if status is None:
         log.exception("unhandled error in %s %s", request.method, label)
-        return json_answer(
-            {"error": "internal", "message": "internal error; see the gateway log"}, status=500
-        )
+        return json_answer(INTERNAL, status=500)
     # Draining, a store that could not start yet and a key's corrupt fencing metadata
     # are logged once (where they are found), not per request; the other 5xx once a
     # second per route and code (a node down answers every request 503).

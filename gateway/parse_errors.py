@@ -11,12 +11,13 @@ connection as aiohttp does. aiohttp has no public hook for it: the server of
 
 from __future__ import annotations
 
-from http import HTTPStatus
+from http.client import responses
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from gateway.errors import INTERNAL, BadRequest, reason_code
 from gateway.headers import json_answer
 
 __all__ = ["JsonErrorRunner"]
@@ -34,13 +35,14 @@ class _JsonErrors(RequestHandler):
     ) -> web.StreamResponse:
         # aiohttp's own first: it logs, and refuses when a response was sent already
         super().handle_error(request, status, exc, message)
-        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
-        if status == 500:
-            code, text = "internal_error", "the gateway could not answer this request"
+        if status >= 500:
+            body = INTERNAL
         else:
-            code = "bad_request" if status == 400 else phrase.lower().replace(" ", "_")
-            text = (message or phrase or "bad request").splitlines()[0][:_MESSAGE_LIMIT]
-        response = json_answer({"error": code or "error", "message": text}, status=status)
+            reason = responses.get(status, "Bad Request")  # the parser's are 4xx
+            code = BadRequest.code if status == 400 else reason_code(reason)
+            text = (message or reason).splitlines()[0][:_MESSAGE_LIMIT]
+            body = {"error": code, "message": text}
+        response = json_answer(body, status=status)
         response.force_close()
         return response
 

@@ -84,14 +84,17 @@ async def run_locked(
             return NOT_TAKEN
         _say(f"lease on {name!r} lost while the command ran ({exc}); it was stopped")
         return LOST
-    except (FencegateError, ValueError) as exc:  # ValueError: refused before it was sent
+    except FencegateError as exc:
         if not started:
             _say(f"lock {name!r} not taken: {exc}")
             return NOT_TAKEN
-        if isinstance(exc, ValueError):
-            raise
         # the command ran under the lock; only the release failed (the lease expires)
         _say(f"release of {name!r} failed, the lease will expire: {exc}")
+    except ValueError as exc:  # a name or value the client refuses before sending it
+        if started:
+            raise
+        _say(f"lock {name!r} not taken: {exc}")
+        return NOT_TAKEN
     return status
 
 

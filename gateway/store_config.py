@@ -152,19 +152,19 @@ def check_overlaps(r: Reader, stores: Mapping[str, StoreConfig]) -> None:
     both would have a mark in each scope, and a write through one would pass a stale
     token that the other refuses. Files roots nested or equal, s3 prefixes of one
     bucket nested or equal, one existing table twice (by its DSN as written)."""
-    seen: list[tuple[str, str, StoreConfig]] = []
+    seen: list[tuple[str, StoreConfig]] = []
     for name, store in stores.items():
-        for other_name, other_path, other in seen:
+        for other_name, other in seen:
             clash = _overlap(store, other)
             if clash is not None:
                 path, value, what = clash
                 r.fail(
                     f"stores.{name}.{path}",
                     value,
-                    f"{what} of store {other_name!r} ({other_path}): data under both "
+                    f"{what} of store {other_name!r} ({_where(other)}): data under both "
                     "would be fenced by two marks; give each store its own",
                 )
-        seen.append((name, _where(store), store))
+        seen.append((name, store))
 
 
 def _where(store: StoreConfig) -> str:
